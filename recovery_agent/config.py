@@ -1,0 +1,222 @@
+"""The agent's configuration: one TOML file, then ``RECOVERY_*`` environment
+variables, then command-line flags, into one frozen object.
+
+Every key is declared once, below, with its type, default and help text; the
+example file ``etc/recovery.toml`` and the reference docs are written from the
+same declarations. Unknown keys and bad values are errors naming the key.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import ConfigError
+
+DEFAULT_PATH = Path("/etc/slurm-recovery/recovery.toml")
+ENV_PATH = "RECOVERY_CONFIG"
+MODES = ("monitor", "action", "external")
+BACKENDS = ("auto", "cli", "pyslurm")
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_duration(value: Any, key: str = "duration") -> float:
+    """Seconds from ``90``, ``"90s"``, ``"20m"``, ``"2h"`` or ``"1d"``."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a duration such as 90s, 20m or 2h, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ConfigError(f"{key}: expected a duration such as 90s, 20m or 2h, "
+                              f"got {value!r}")
+        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds < 0:
+        raise ConfigError(f"{key}: a duration cannot be negative")
+    return seconds
+
+
+def _doc(text: str, **kw: Any) -> Any:
+    return field(metadata={"doc": text}, **kw)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    cluster: str = _doc("Cluster name recorded with every job (part of the job key).",
+                        default="default")
+    state_dir: str = _doc("Directory for the store, spools and cursors.",
+                          default="/var/lib/slurm-recovery")
+    poll_interval: float = _doc("Seconds between scheduler polls (one batched query each).",
+                                default=2.0)
+    log_level: str = _doc("DEBUG, INFO, WARNING or ERROR.", default="INFO")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    backend: str = _doc("auto (first viable), cli or pyslurm.", default="auto")
+    command_timeout: float = _doc("Seconds before a Slurm command is abandoned.",
+                                  default=30.0)
+    bin_dir: str = _doc("Directory of squeue/sinfo/scontrol; empty searches PATH.",
+                        default="")
+    slurm_conf: str = _doc("SLURM_CONF for the commands; empty keeps the environment's.",
+                           default="")
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    path: str = _doc("SQLite file; empty means <agent.state_dir>/recovery.db.", default="")
+
+
+@dataclass(frozen=True)
+class EnvironmentConfig:
+    mode: str = _doc("monitor (record only), action (act on Slurm) or external "
+                     "(a site controller acts through the Advisor API).", default="monitor")
+    max_restarts: int = _doc("Requeues allowed per job before recovery stops.", default=3)
+    hang: float = _doc("A job printing nothing for this long is hung (0 disables).",
+                       default=0.0)
+
+
+SECTIONS: dict[str, type] = {"agent": AgentConfig, "scheduler": SchedulerConfig,
+                             "store": StoreConfig}
+
+
+@dataclass(frozen=True)
+class Config:
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    environments: Mapping[str, EnvironmentConfig] = field(
+        default_factory=lambda: {"default": EnvironmentConfig()})
+    source: str = ""
+
+    @property
+    def store_path(self) -> Path:
+        return Path(self.store.path or Path(self.agent.state_dir) / "recovery.db")
+
+    def environment(self, name: str) -> EnvironmentConfig:
+        """The named environment; unknown names fall back to ``default``."""
+        return self.environments.get(name) or self.environments.get(
+            "default", EnvironmentConfig())
+
+
+def _coerce(key: str, kind: type, value: Any) -> Any:
+    if kind is float and key.rsplit(".", 1)[-1] in {"poll_interval", "hang", "command_timeout"}:
+        return parse_duration(value, key)
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in {"1", "true", "yes", "on"}:
+            return True
+        if str(value).lower() in {"0", "false", "no", "off"}:
+            return False
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif kind is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}")
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix}: expected a table, got {data!r}")
+    known = {f.name: f for f in fields(cls)}
+    values = {}
+    for key, value in data.items():
+        if key not in known:
+            raise ConfigError(f"{prefix}.{key}: unknown key (known: {', '.join(known)})")
+        kind = {"str": str, "int": int, "float": float, "bool": bool}[str(known[key].type)]
+        values[key] = _coerce(f"{prefix}.{key}", kind, value)
+    return cls(**values)
+
+
+def _validate(cfg: Config) -> None:
+    if cfg.scheduler.backend not in BACKENDS:
+        raise ConfigError(f"scheduler.backend: must be one of {', '.join(BACKENDS)}, "
+                          f"got {cfg.scheduler.backend!r}")
+    if cfg.agent.poll_interval <= 0:
+        raise ConfigError("agent.poll_interval: must be above zero")
+    if cfg.agent.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        raise ConfigError(f"agent.log_level: unknown level {cfg.agent.log_level!r}")
+    if not _NAME.match(cfg.agent.cluster):
+        raise ConfigError(f"agent.cluster: {cfg.agent.cluster!r} must match [A-Za-z0-9_-]{{1,64}}")
+    for name, env in cfg.environments.items():
+        if not _NAME.match(name):
+            raise ConfigError(f"environments.{name}: names must match [A-Za-z0-9_-]{{1,64}}")
+        if env.mode not in MODES:
+            raise ConfigError(f"environments.{name}.mode: must be one of {', '.join(MODES)}, "
+                              f"got {env.mode!r}")
+        if not 0 <= env.max_restarts <= 1000:
+            raise ConfigError(f"environments.{name}.max_restarts: must be 0-1000")
+
+
+def from_mapping(data: Mapping[str, Any], source: str = "") -> Config:
+    """A validated Config from parsed TOML (or any nested mapping)."""
+    unknown = set(data) - set(SECTIONS) - {"environments"}
+    if unknown:
+        raise ConfigError(f"{sorted(unknown)[0]}: unknown section (known: "
+                          f"{', '.join([*SECTIONS, 'environments'])})")
+    parts = {name: _build(cls, data.get(name, {}), name) for name, cls in SECTIONS.items()}
+    envs_raw = data.get("environments", {})
+    if not isinstance(envs_raw, Mapping):
+        raise ConfigError("environments: expected tables such as [environments.prod]")
+    envs = {name: _build(EnvironmentConfig, value, f"environments.{name}")
+            for name, value in envs_raw.items()}
+    envs.setdefault("default", EnvironmentConfig())
+    cfg = Config(**parts, environments=envs, source=source)
+    _validate(cfg)
+    return cfg
+
+
+def apply_env(cfg: Config, environ: Mapping[str, str]) -> Config:
+    """Apply ``RECOVERY_<SECTION>_<KEY>`` overrides, e.g. ``RECOVERY_SCHEDULER_BACKEND=cli``."""
+    for section, cls in SECTIONS.items():
+        updates = {}
+        for f in fields(cls):
+            var = f"RECOVERY_{section}_{f.name}".upper()
+            if var in environ:
+                kind = {"str": str, "int": int, "float": float, "bool": bool}[str(f.type)]
+                updates[f.name] = _coerce(f"{var} ({section}.{f.name})", kind, environ[var])
+        if updates:
+            cfg = replace(cfg, **{section: replace(getattr(cfg, section), **updates)})
+    _validate(cfg)
+    return cfg
+
+
+def load(path: str | Path | None = None, environ: Mapping[str, str] | None = None,
+         required: bool = False) -> Config:
+    """Load the config: ``path``, else ``$RECOVERY_CONFIG``, else the default path.
+
+    A missing default file gives the built-in defaults (monitor mode), unless
+    ``required``; a missing file that was named explicitly is an error.
+    """
+    environ = os.environ if environ is None else environ
+    explicit = path or environ.get(ENV_PATH)
+    target = Path(explicit) if explicit else DEFAULT_PATH
+    try:
+        with open(target, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        if explicit or required:
+            raise ConfigError(f"{target}: config file not found") from None
+        return apply_env(Config(), environ)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{target}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{target}: cannot read: {exc.strerror}") from None
+    try:
+        return apply_env(from_mapping(data, str(target)), environ)
+    except ConfigError as exc:
+        raise ConfigError(f"{target}: {exc}") from None

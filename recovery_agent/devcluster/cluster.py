@@ -1,0 +1,402 @@
+"""Start, inspect and stop a real Slurm cluster on this one machine.
+
+One munged (own key, own socket), one slurmctld and N ``slurmd -N nodeK``, all
+from the distribution's Slurm, on non-default ports, recorded by pid and start
+time in ``cluster.json`` so that ``down`` stops exactly what ``up`` started.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from ..errors import RecoveryError, SchedulerError
+from ..scheduler.cli_backend import CliScheduler
+from ..scheduler.runner import SlurmRunner
+from .config import ClusterSpec, Layout, write_files
+
+log = logging.getLogger(__name__)
+
+DAEMONS = ("munged", "slurmctld", "slurmd")
+START_TIMEOUT = 60.0
+MIN_FREE_BYTES = 64 * 1024 * 1024
+
+
+class DevClusterError(RecoveryError):
+    """The dev cluster could not be started, found or stopped."""
+
+
+def default_state_dir() -> Path:
+    env = os.environ.get("RECOVERY_DEVCLUSTER_DIR")
+    return Path(env) if env else Path(f"/tmp/recovery-devcluster-{os.getuid()}")
+
+
+@dataclass
+class Daemon:
+    name: str          # "munged", "slurmctld", "slurmd-node1"
+    pid: int
+    started: float     # psutil create_time, guards against pid reuse
+
+    def process(self) -> psutil.Process | None:
+        """The live process, or None when it is gone, a zombie, or a new
+        process that reused the pid."""
+        try:
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.started) > 1.0:
+                return None
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return proc
+        except psutil.Error:
+            return None
+
+    @property
+    def alive(self) -> bool:
+        return self.process() is not None
+
+
+class DevCluster:
+    """One dev cluster, identified by its state dir."""
+
+    def __init__(self, state_dir: Path | str | None = None,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.lay = Layout(Path(state_dir or default_state_dir()).absolute())
+        self.progress = progress or (lambda msg: log.info("%s", msg))
+        self._children: list[subprocess.Popen] = []
+
+    # -- the record --------------------------------------------------------
+    def _load(self) -> dict | None:
+        try:
+            return json.loads(self.lay.record.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def daemons(self) -> list[Daemon]:
+        record = self._load() or {}
+        return [Daemon(**d) for d in record.get("daemons", [])]
+
+    def _save(self, spec: ClusterSpec, daemons: list[Daemon]) -> None:
+        record = {"spec": spec.comparable(), "user": spec.user,
+                  "nodes": spec.node_names, "slurm_conf": str(self.lay.slurm_conf),
+                  "daemons": [d.__dict__ for d in daemons]}
+        tmp = self.lay.record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        tmp.replace(self.lay.record)
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.lay.slurm_conf
+
+    def runner(self, timeout: float = 20.0) -> SlurmRunner:
+        return SlurmRunner(slurm_conf=str(self.lay.slurm_conf), timeout=timeout)
+
+    def scheduler(self) -> CliScheduler:
+        return CliScheduler(self.runner())
+
+    def node_names(self) -> list[str]:
+        return list((self._load() or {}).get("nodes", []))
+
+    # -- health ------------------------------------------------------------
+    def is_healthy(self) -> bool:
+        daemons = self.daemons()
+        if not daemons or not all(d.alive for d in daemons):
+            return False
+        try:
+            self.runner(timeout=10).run(["scontrol", "ping"])
+        except SchedulerError:
+            return False
+        return True
+
+    # -- up ----------------------------------------------------------------
+    def up(self, spec: ClusterSpec) -> str:
+        """Start the cluster (or reuse a healthy one of the same shape); return a
+        one-line summary. Raises DevClusterError with the daemon log tail."""
+        _require_binaries()
+        record = self._load()
+        if record and self.is_healthy():
+            if record.get("spec") == spec.comparable():
+                self._wait_idle(spec, time.monotonic() + START_TIMEOUT)
+                return f"reusing healthy dev cluster in {self.lay.root}"
+            self.progress("cluster shape changed: restarting it")
+            self.down()
+        elif record or self.lay.root.exists():
+            self._clean_stale()
+        self._check_ports(spec)
+        self._prepare_dir(spec)
+        deadline = time.monotonic() + START_TIMEOUT
+        daemons: list[Daemon] = []
+        try:
+            daemons.append(self._start_munged())
+            self._save(spec, daemons)
+            self._wait_for(lambda: self.lay.munge_socket.exists(), deadline, "munged")
+            daemons.append(self._start("slurmctld", ["slurmctld", "-D", "-i", "-f",
+                                                     str(self.lay.slurm_conf)]))
+            self._save(spec, daemons)
+            self._wait_for(self._ctld_answers, deadline, "slurmctld")
+            for name in spec.node_names:
+                daemons.append(self._start(f"slurmd-{name}", ["slurmd", "-D", "-N", name,
+                                                               "-f", str(self.lay.slurm_conf)]))
+            self._save(spec, daemons)
+            self._wait_idle(spec, deadline)
+        except DevClusterError:
+            self.down(quiet=True)
+            raise
+        return (f"dev cluster up: {spec.nodes} nodes x {spec.gpus_per_node} GPUs, "
+                f"slurmctld on port {spec.port}, state in {self.lay.root}")
+
+    def _prepare_dir(self, spec: ClusterSpec) -> None:
+        try:
+            self.lay.root.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(self.lay.root).free
+            if free < MIN_FREE_BYTES:
+                raise DevClusterError(
+                    f"not enough free space in {self.lay.root}: {free // 1024} KiB free, "
+                    f"need {MIN_FREE_BYTES // 2**20} MiB")
+            write_files(spec, self.lay)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise DevClusterError(f"state dir {self.lay.root} is on a full disk") from None
+            raise DevClusterError(f"cannot write state dir {self.lay.root}: "
+                                  f"{exc.strerror or exc}") from None
+
+    def _clean_stale(self) -> None:
+        """Stop whatever a crashed run left and wipe its state dir."""
+        root = self.lay.root
+        if root.exists() and any(root.iterdir()) and not self.lay.marker.exists():
+            raise DevClusterError(f"{root} exists and is not a dev cluster state dir; "
+                                  f"choose another --state-dir")
+        if self.daemons():
+            self.progress(f"cleaning a stale dev cluster in {root}")
+            self._stop_daemons()
+        if root.exists():
+            shutil.rmtree(root)
+
+    def _check_ports(self, spec: ClusterSpec) -> None:
+        for owner, port in spec.ports.items():
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            # as the daemons do: a socket in TIME_WAIT is no obstacle, a listener is
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                raise DevClusterError(f"port {port} (for {owner}) is already in use; "
+                                      f"choose another base port with --port") from None
+            finally:
+                sock.close()
+
+    def _start_munged(self) -> Daemon:
+        lay = self.lay
+        return self._start("munged", [
+            "munged", "--foreground", "--force", f"--key-file={lay.munge_key}",
+            f"--socket={lay.munge_socket}", f"--pid-file={lay.run_dir}/munged.pid",
+            f"--log-file={lay.daemon_log('munged')}", f"--seed-file={lay.munge_dir}/seed",
+        ])
+
+    def _start(self, name: str, argv: list[str]) -> Daemon:
+        exe = shutil.which(argv[0])
+        assert exe, argv[0]
+        env = dict(os.environ, SLURM_CONF=str(self.lay.slurm_conf))
+        stderr = open(self.lay.logs / f"{name}.stderr", "ab")
+        try:
+            proc = subprocess.Popen([exe, *argv[1:]], cwd=self.lay.logs, env=env,
+                                    stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
+                                    start_new_session=True)
+        finally:
+            stderr.close()
+        self._children.append(proc)
+        started = psutil.Process(proc.pid).create_time()
+        log.debug("started %s pid=%s", name, proc.pid)
+        return Daemon(name, proc.pid, started)
+
+    def _ctld_answers(self) -> bool:
+        try:
+            self.runner(timeout=5).run(["scontrol", "ping"])
+            return True
+        except SchedulerError:
+            return False
+
+    def _wait_for(self, ready: Callable[[], bool], deadline: float, what: str) -> None:
+        while time.monotonic() < deadline:
+            self._fail_if_dead()
+            if ready():
+                return
+            time.sleep(0.2)
+        raise DevClusterError(f"{what} did not become ready within {START_TIMEOUT:.0f}s"
+                              + self._log_tail(what))
+
+    def _fail_if_dead(self) -> None:
+        for daemon in self.daemons():
+            if not daemon.alive:
+                raise DevClusterError(f"{daemon.name} exited during start-up"
+                                      + self._log_tail(daemon.name))
+
+    def _wait_idle(self, spec: ClusterSpec, deadline: float) -> None:
+        sched = self.scheduler()
+        pending: list[str] = spec.node_names
+        last_report = 0.0
+        while time.monotonic() < deadline:
+            self._fail_if_dead()
+            try:
+                nodes = {n.name: n for n in sched.list_nodes()}
+            except SchedulerError:
+                nodes = {}
+            pending = [n for n in spec.node_names
+                       if n not in nodes or nodes[n].state != "IDLE" or nodes[n].flags]
+            if not pending:
+                return
+            if time.monotonic() - last_report > 5:
+                self.progress(f"waiting for {len(pending)} node(s) to become idle: "
+                              + ", ".join(f"{n}={nodes[n].state_text if n in nodes else '?'}"
+                                          for n in pending[:4]))
+                last_report = time.monotonic()
+            time.sleep(0.3)
+        worst = pending[0] if pending else "slurmctld"
+        raise DevClusterError(f"nodes not idle within {START_TIMEOUT:.0f}s: {', '.join(pending)}"
+                              + self._log_tail("slurmctld") + self._log_tail(f"slurmd-{worst}"))
+
+    def _log_tail(self, daemon: str, lines: int = 15) -> str:
+        chunks = []
+        for path in (self.lay.daemon_log(daemon), self.lay.logs / f"{daemon}.stderr"):
+            try:
+                text = path.read_text(errors="replace").strip().splitlines()[-lines:]
+            except OSError:
+                continue
+            if text:
+                chunks.append(f"\n--- last lines of {path} ---\n" + "\n".join(text))
+        return "".join(chunks)
+
+    # -- down --------------------------------------------------------------
+    def down(self, quiet: bool = False) -> list[str]:
+        """Cancel every job, stop every daemon we started, and sweep job
+        processes left behind. Returns the names of what was stopped."""
+        daemons = self.daemons()
+        if not daemons:
+            return []
+        if any(d.name == "slurmctld" and d.alive for d in daemons):
+            self._cancel_all_jobs()
+        stopped = self._stop_daemons()
+        self._sweep_job_processes()
+        record = self._load()
+        if record:
+            record["daemons"] = []
+            self.lay.record.write_text(json.dumps(record, indent=1) + "\n")
+        if not quiet:
+            self.progress(f"stopped {len(stopped)} daemon(s)")
+        return stopped
+
+    def _cancel_all_jobs(self) -> None:
+        try:
+            jobs = self.scheduler().list_jobs()
+        except SchedulerError:
+            return
+        live = sorted({str(j.numeric_id) for j in jobs if not j.is_finished})
+        if not live:
+            return
+        try:
+            self.runner().run(["scancel", *live])
+        except SchedulerError as exc:
+            log.warning("scancel during down failed: %s", exc)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and self._stepds():
+            time.sleep(0.3)
+
+    def _stop_daemons(self) -> list[str]:
+        # slurmd first, munged last: the others need it to say goodbye
+        order = {"slurmd": 0, "slurmctld": 1, "munged": 2}
+        daemons = sorted(self.daemons(), key=lambda d: order.get(d.name.split("-")[0], 3))
+        stopped = []
+        for group in sorted(set(order.values())):
+            procs = []
+            for d in daemons:
+                if order.get(d.name.split("-")[0], 3) != group:
+                    continue
+                proc = d.process()
+                if proc is not None:
+                    with _quiet():
+                        proc.send_signal(signal.SIGTERM)
+                    procs.append(proc)
+                    stopped.append(d.name)
+            _gone, alive = psutil.wait_procs(procs, timeout=10)
+            for proc in alive:
+                with _quiet():
+                    proc.kill()
+            psutil.wait_procs(alive, timeout=5)
+        self._reap_children()
+        return stopped
+
+    def _stepds(self) -> list[psutil.Process]:
+        """slurmstepd processes of this cluster: they keep our slurmd log open and
+        run in our log dir, so they are told apart from a real cluster's."""
+        found = []
+        root = str(self.lay.root)
+        for proc in psutil.process_iter(["name", "cwd"]):
+            if proc.info["name"] != "slurmstepd":
+                continue
+            try:
+                cwd = proc.info["cwd"] or ""
+                files = [f.path for f in proc.open_files()]
+            except psutil.Error:
+                continue
+            if cwd.startswith(root) or any(p.startswith(root) for p in files):
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
+        return found
+
+    def _sweep_job_processes(self) -> None:
+        victims = []
+        for stepd in self._stepds():
+            with _quiet():
+                victims.extend(stepd.children(recursive=True))
+            victims.append(stepd)
+        for proc in victims:
+            with _quiet():
+                proc.kill()
+        psutil.wait_procs(victims, timeout=5)
+
+    def _reap_children(self) -> None:
+        for child in self._children:
+            with _quiet():
+                child.wait(timeout=1)
+
+    # -- status ------------------------------------------------------------
+    def status(self) -> dict:
+        """Daemons (alive or not) and, when slurmctld answers, node states."""
+        daemons = [{"name": d.name, "pid": d.pid, "alive": d.alive} for d in self.daemons()]
+        nodes = []
+        if any(d["name"] == "slurmctld" and d["alive"] for d in daemons):
+            try:
+                nodes = [{"name": n.name, "state": n.state_text, "reason": n.reason}
+                         for n in self.scheduler().list_nodes()]
+            except SchedulerError as exc:
+                nodes = [{"name": "?", "state": "unreachable", "reason": str(exc)}]
+        return {"state_dir": str(self.lay.root), "slurm_conf": str(self.lay.slurm_conf),
+                "configured": self.lay.record.exists(), "daemons": daemons, "nodes": nodes}
+
+
+class _quiet:
+    """Ignore a process that vanished between looking and acting."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        return exc_type is not None and issubclass(exc_type, (psutil.Error,
+                                                              subprocess.TimeoutExpired))
+
+
+def _require_binaries() -> None:
+    missing = [b for b in DAEMONS + ("scontrol", "sinfo", "squeue") if shutil.which(b) is None]
+    if missing:
+        raise DevClusterError(f"Slurm is not installed: {', '.join(missing)} not found "
+                              f"(run `make deps`, or apt-get install slurm-wlm munge)")

@@ -1,0 +1,59 @@
+"""Scheduler backends and how one is chosen.
+
+Selection follows one rule: an explicit choice (config ``scheduler.backend`` or
+``RECOVERY_SCHEDULER_BACKEND``) wins; ``auto`` takes the first viable backend in
+:data:`ORDER`; when none is viable, :class:`SchedulerUnavailable` says why for
+each one.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import SchedulerUnavailable
+from .base import Job, Node, Probe, Scheduler
+from .cli_backend import CliScheduler
+from .runner import SlurmRunner
+
+__all__ = ["Job", "Node", "Probe", "Scheduler", "CliScheduler", "SlurmRunner",
+           "ORDER", "select_scheduler", "probe_all"]
+
+# pyslurm first: when it can run it avoids a fork per query.
+ORDER = ("pyslurm", "cli")
+
+
+def _factories(runner: SlurmRunner) -> dict[str, Callable[[], Scheduler]]:
+    def pyslurm_factory() -> Scheduler:
+        from .pyslurm_backend import PyslurmScheduler
+        return PyslurmScheduler()
+
+    return {"pyslurm": pyslurm_factory, "cli": lambda: CliScheduler(runner)}
+
+
+def probe_all(runner: SlurmRunner | None = None) -> list[Probe]:
+    """The viability of every backend, in selection order (for ``recovery-ctl check``)."""
+    factories = _factories(runner or SlurmRunner())
+    return [factories[name]().probe() for name in ORDER]
+
+
+def select_scheduler(backend: str = "auto", runner: SlurmRunner | None = None) -> Scheduler:
+    """The backend to use: ``backend`` when named, else the first viable one."""
+    factories = _factories(runner or SlurmRunner())
+    if backend != "auto":
+        if backend not in factories:
+            raise SchedulerUnavailable(
+                f"unknown scheduler backend {backend!r}; choose one of: auto, "
+                + ", ".join(ORDER))
+        chosen = factories[backend]()
+        probe = chosen.probe()
+        if not probe.viable:
+            raise SchedulerUnavailable(f"scheduler backend {backend!r} cannot run: "
+                                       f"{probe.reason}")
+        return chosen
+    reasons = []
+    for name in ORDER:
+        candidate = factories[name]()
+        probe = candidate.probe()
+        if probe.viable:
+            return candidate
+        reasons.append(f"{name}: {probe.reason}")
+    raise SchedulerUnavailable("no scheduler backend can run here; " + "; ".join(reasons))

@@ -1,0 +1,162 @@
+"""What every scheduler backend returns and must do.
+
+The agent only ever sees these types. Backends translate whatever their Slurm
+gives them (JSON of several vintages, pyslurm objects) into them, so that the
+detectors and the policy never learn which Slurm they run against.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Protocol, Sequence, runtime_checkable
+
+# Job states in which the job holds (or is about to hold, or is releasing) nodes.
+ACTIVE_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STAGE_OUT",
+                           "SIGNALING", "RESIZING"})
+FINISHED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                             "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"})
+# Node flags that keep the scheduler from placing new work on a node.
+UNAVAILABLE_NODE_FLAGS = frozenset({"DRAIN", "DRAINING", "DRAINED", "DOWN", "FAIL", "FAILING",
+                                    "NOT_RESPONDING", "MAINTENANCE", "POWERED_DOWN",
+                                    "REBOOT_REQUESTED", "INVALID_REG"})
+
+
+@dataclass(frozen=True)
+class Job:
+    """One Slurm job, or one task of a job array (``job_id`` is then ``"1234_7"``).
+
+    Times are Unix seconds, ``None`` when Slurm has not set them. ``stdout`` and
+    ``stderr`` are absolute paths with Slurm's ``%`` patterns already expanded.
+    """
+
+    job_id: str
+    numeric_id: int
+    name: str = ""
+    state: str = "UNKNOWN"
+    state_flags: frozenset[str] = frozenset()
+    reason: str = ""
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    nodes: tuple[str, ...] = ()
+    batch_host: str = ""
+    excluded_nodes: tuple[str, ...] = ()
+    restart_count: int = 0
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    array_task_spec: str = ""
+    submit_time: int | None = None
+    start_time: int | None = None
+    end_time: int | None = None
+    user: str = ""
+    comment: str = ""
+    stdout: str = ""
+    stderr: str = ""
+    partition: str = ""
+    cluster: str = ""
+    workdir: str = ""
+    requeue_allowed: bool = True
+    held: bool = False
+
+    @property
+    def is_array_task(self) -> bool:
+        return self.array_task_id is not None
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in FINISHED_STATES
+
+    @property
+    def is_pending(self) -> bool:
+        return self.state == "PENDING"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One compute node. ``state`` is the base state (``IDLE``, ``MIXED``, ...);
+    ``flags`` are the modifiers (``DRAIN``, ``NOT_RESPONDING``, ...)."""
+
+    name: str
+    state: str
+    flags: frozenset[str] = frozenset()
+    reason: str = ""
+    reason_user: str = ""
+    reason_time: int | None = None
+    partitions: tuple[str, ...] = ()
+    gres: str = ""
+
+    @property
+    def drained(self) -> bool:
+        return bool(self.flags & {"DRAIN", "DRAINING", "DRAINED"})
+
+    @property
+    def available(self) -> bool:
+        return self.state not in {"DOWN", "FUTURE", "UNKNOWN"} and not (
+            self.flags & UNAVAILABLE_NODE_FLAGS)
+
+    @property
+    def state_text(self) -> str:
+        """The state as sinfo/scontrol print it: ``IDLE+DRAIN``."""
+        return "+".join([self.state, *sorted(self.flags)])
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The result of a backend's viability check: can it run here, and if not, why."""
+
+    backend: str
+    viable: bool
+    reason: str = ""
+    version: str = ""
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    """The operations the agent needs from Slurm. Every mutating call raises
+    :class:`~recovery_agent.errors.SchedulerError` when Slurm refuses it."""
+
+    name: str
+
+    def probe(self) -> Probe: ...
+
+    def list_jobs(self, job_ids: Iterable[str] | None = None) -> list[Job]:
+        """All jobs slurmctld still knows (pending, running and recently finished),
+        or only those named. One batched query, whatever the number of ids."""
+        ...
+
+    def get_job(self, job_id: str) -> Job:
+        """One job; raises :class:`~recovery_agent.errors.JobNotFound`."""
+        ...
+
+    def list_nodes(self, names: Iterable[str] | None = None) -> list[Node]: ...
+
+    def get_node(self, name: str) -> Node:
+        """One node; raises :class:`~recovery_agent.errors.NodeNotFound`."""
+        ...
+
+    def requeue_hold(self, job_id: str) -> None:
+        """Stop the job and put it back in the queue, held until released."""
+        ...
+
+    def set_excluded_nodes(self, job_id: str, nodes: Sequence[str]) -> None:
+        """Replace the job's excluded node list (an empty list clears it)."""
+        ...
+
+    def allow_requeue(self, job_id: str) -> None:
+        """Mark the job requeueable (jobs submitted with ``--no-requeue`` refuse requeue)."""
+        ...
+
+    def release(self, job_id: str) -> None: ...
+
+    def start_now(self, job_id: str) -> None:
+        """Make a pending job eligible at once (skips Slurm's requeue begin-time delay)."""
+        ...
+
+    def cancel(self, job_id: str, signal: str | None = None) -> None: ...
+
+    def drain_node(self, name: str, reason: str) -> None: ...
+
+    def resume_node(self, name: str) -> None: ...
+

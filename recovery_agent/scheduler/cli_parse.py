@@ -1,0 +1,251 @@
+"""Pure parsers for ``squeue --json``, ``sinfo --json`` and ``scontrol --json``.
+
+Three shapes are handled, all recorded under ``tests/fixtures/slurm/``:
+
+* Slurm 22.05 (openapi v0.0.38): plain integers, ``job_state`` a string, exit
+  codes as raw wait statuses, ``standard_output`` the unexpanded pattern, and
+  ``sinfo --json`` a list of nodes.
+* Slurm 23.x-24.x (data_parser v0.0.39-v0.0.42): numbers wrapped in
+  ``{"set", "infinite", "number"}``, ``job_state`` a list, exit codes as objects,
+  ``standard_output`` already expanded, ``sinfo --json`` grouped by state.
+* Slurm 25.x-26.x (v0.0.43+): as above, plus ``stdout_expanded``.
+
+Nothing here does I/O; the CLI backend feeds these functions and tests feed
+them recorded output.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import replace
+from typing import Any, Iterable, Mapping
+
+import hostlist
+
+from .base import Job, Node
+
+NO_VAL = 4294967294  # Slurm's NO_VAL, printed for "no array task" in %a
+NODE_BASE_STATES = frozenset({"IDLE", "ALLOCATED", "MIXED", "DOWN", "FUTURE", "ERROR",
+                              "UNKNOWN", "COMPLETING"})
+JOB_BASE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED",
+                             "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+                             "DEADLINE", "OUT_OF_MEMORY"})
+HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin", "job_requeued_in_held_state",
+                          "JobHeld"})
+
+
+def number(value: Any) -> int | None:
+    """An integer from either shape; ``None`` for unset or infinite values."""
+    if isinstance(value, Mapping):
+        if not value.get("set", False) or value.get("infinite", False):
+            return None
+        value = value.get("number")
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def timestamp(value: Any) -> int | None:
+    """A Unix time; Slurm's 0 means "not set"."""
+    n = number(value)
+    return n if n else None
+
+
+def slurm_version(doc: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(major, minor, micro) from a JSON document's ``meta`` block; (0, 0, 0) if absent."""
+    meta = doc.get("meta") or {}
+    block = meta.get("slurm") or meta.get("Slurm") or {}
+    ver = block.get("version") or {}
+    try:
+        return int(ver.get("major", 0)), int(ver.get("minor", 0)), int(ver.get("micro", 0))
+    except (TypeError, ValueError):
+        return 0, 0, 0
+
+
+def expand_nodes(text: str | None) -> tuple[str, ...]:
+    """``node[1-3],gpu07`` -> ``('node1', 'node2', 'node3', 'gpu07')``."""
+    if not text or text in {"(null)", "None"}:
+        return ()
+    try:
+        return tuple(hostlist.expand_hostlist(text))
+    except hostlist.BadHostlist:
+        return tuple(part for part in text.split(",") if part)
+
+
+def split_state(value: Any, base_states: frozenset[str]) -> tuple[str, frozenset[str]]:
+    """Split a state given as ``"mixed"``, ``"IDLE+DRAIN"`` or ``["MIXED", "DRAIN"]``
+    into its base state and its flags."""
+    if isinstance(value, str):
+        parts = [p for p in value.upper().split("+") if p]
+    else:
+        parts = [str(p).upper() for p in (value or [])]
+    base = next((p for p in parts if p in base_states), parts[0] if parts else "UNKNOWN")
+    flags = frozenset(p for p in parts if p != base)
+    return base, flags
+
+
+def exit_status(value: Any) -> tuple[int | None, int | None]:
+    """(exit code, signal number) from a raw wait status (22.05) or an exit-code object."""
+    if isinstance(value, Mapping):
+        code = number(value.get("return_code"))
+        sig = number((value.get("signal") or {}).get("id"))
+        return code, sig or None
+    raw = number(value)
+    if raw is None:
+        return None, None
+    if raw & 0x7F:
+        return None, raw & 0x7F
+    return (raw >> 8) & 0xFF, None
+
+
+_PATTERN = re.compile(r"(\\)?%(\d*)([%AaJjNnstuxb])")
+
+
+def expand_output_path(pattern: str, job: Job, default: str = "") -> str:
+    """Expand Slurm's filename pattern for the batch step of ``job``.
+
+    ``%j %A %a %x %u %N %n %t %s %J %b %%`` as sbatch documents them, with an
+    optional zero-padding width (``%4a``). A relative result is taken against
+    the job's working directory. An empty pattern falls back to ``default``
+    (Slurm's ``slurm-%j.out`` or ``slurm-%A_%a.out``).
+    """
+    pattern = pattern or default
+    if not pattern:
+        return ""
+    if "\\" in pattern:  # a backslash anywhere turns expansion off in Slurm
+        text = pattern.replace("\\", "")
+    else:
+        text = _PATTERN.sub(lambda m: _expand_one(m.group(2), m.group(3), job), pattern)
+    if not os.path.isabs(text) and job.workdir:
+        text = os.path.join(job.workdir, text)
+    return text
+
+
+def _expand_one(width: str, code: str, job: Job) -> str:
+    if code == "%":
+        return "%"
+    array_id = job.array_job_id if job.array_job_id else job.numeric_id
+    task = job.array_task_id if job.array_task_id is not None else NO_VAL
+    values: dict[str, int | str] = {
+        "j": job.numeric_id, "A": array_id, "a": task, "J": f"{job.numeric_id}.batch",
+        "s": "batch", "n": 0, "t": 0, "b": task % 10,
+        "N": job.batch_host or (job.nodes[0] if job.nodes else ""),
+        "u": job.user, "x": job.name,
+    }
+    value = values[code]
+    if isinstance(value, int) and width:
+        return str(value).zfill(int(width))
+    return str(value)
+
+
+def _job_id_text(raw: Mapping[str, Any], numeric: int) -> tuple[str, int | None, int | None, str]:
+    """The job's printable id and its array fields: ``1234``, ``1234_7`` or
+    ``1234_[8-15%2]`` for the pending remainder of an array."""
+    array_job = number(raw.get("array_job_id")) or None
+    task = number(raw.get("array_task_id"))
+    spec = raw.get("array_task_string") or ""
+    if array_job and task is not None and task != NO_VAL:
+        return f"{array_job}_{task}", array_job, task, ""
+    if array_job and spec:
+        return f"{array_job}_[{spec}]", array_job, None, spec
+    return str(numeric), None, None, ""
+
+
+def job_from_json(raw: Mapping[str, Any], version: tuple[int, int, int]) -> Job:
+    """One entry of ``squeue --json``'s ``jobs`` list as a :class:`Job`."""
+    numeric = number(raw.get("job_id")) or 0
+    job_id, array_job, task, spec = _job_id_text(raw, numeric)
+    state, flags = split_state(raw.get("job_state"), JOB_BASE_STATES)
+    code, sig = exit_status(raw.get("exit_code"))
+    reason = raw.get("state_reason") or ""
+    hold = raw.get("hold")
+    held = bool(hold) if isinstance(hold, bool) else reason in HELD_REASONS
+    job = Job(
+        job_id=job_id, numeric_id=numeric, name=raw.get("name") or "", state=state,
+        state_flags=flags, reason="" if reason == "None" else reason, exit_code=code,
+        exit_signal=sig, nodes=expand_nodes(raw.get("nodes")),
+        batch_host=raw.get("batch_host") or "",
+        excluded_nodes=expand_nodes(raw.get("excluded_nodes")),
+        restart_count=number(raw.get("restart_cnt")) or 0, array_job_id=array_job,
+        array_task_id=task, array_task_spec=spec,
+        submit_time=timestamp(raw.get("submit_time")),
+        start_time=timestamp(raw.get("start_time")), end_time=timestamp(raw.get("end_time")),
+        user=raw.get("user_name") or "", comment=raw.get("comment") or "",
+        partition=raw.get("partition") or "", cluster=raw.get("cluster") or "",
+        workdir=raw.get("current_working_directory") or "",
+        requeue_allowed=bool(raw.get("requeue", True)), held=held,
+    )
+    return _with_output_paths(job, raw, version)
+
+
+def _with_output_paths(job: Job, raw: Mapping[str, Any], version: tuple[int, int, int]) -> Job:
+    if job.array_task_spec:  # the pending rest of an array writes no file of its own
+        return job
+    default = "slurm-%A_%a.out" if job.array_job_id else "slurm-%j.out"
+    already_expanded = version >= (23, 2, 0)
+    paths = []
+    for expanded_key, key in (("stdout_expanded", "standard_output"),
+                              ("stderr_expanded", "standard_error")):
+        if raw.get(expanded_key):
+            paths.append(raw[expanded_key])
+        elif raw.get(key) and already_expanded:
+            paths.append(raw[key] if os.path.isabs(raw[key])
+                         else os.path.join(job.workdir, raw[key]))
+        else:
+            paths.append(expand_output_path(raw.get(key) or "", job,
+                                            default if key == "standard_output" else ""))
+    stdout, stderr = paths
+    return replace(job, stdout=stdout, stderr=stderr or stdout)
+
+
+def parse_squeue(doc: Mapping[str, Any]) -> list[Job]:
+    """Every job in a ``squeue --json`` (or ``scontrol --json show job``) document."""
+    version = slurm_version(doc)
+    return [job_from_json(raw, version) for raw in doc.get("jobs") or []]
+
+
+def node_from_json(raw: Mapping[str, Any]) -> Node:
+    """One entry of a per-node list (22.05 ``sinfo --json``, ``scontrol --json show node``)."""
+    state, flags = split_state(raw.get("state"), NODE_BASE_STATES)
+    flags = flags | frozenset(str(f).upper() for f in raw.get("state_flags") or [])
+    return Node(name=raw.get("name") or "", state=state, flags=flags,
+                reason=raw.get("reason") or "", reason_user=raw.get("reason_set_by_user") or "",
+                reason_time=timestamp(raw.get("reason_changed_at")),
+                partitions=tuple(raw.get("partitions") or ()), gres=raw.get("gres") or "")
+
+
+def nodes_from_sinfo_groups(groups: Iterable[Mapping[str, Any]]) -> list[Node]:
+    """Nodes from the grouped ``sinfo`` list of Slurm 23.02+.
+
+    sinfo groups nodes that share state, reason and partition; a node in two
+    partitions shows up in two groups, so partitions are merged by name.
+    """
+    found: dict[str, Node] = {}
+    for group in groups:
+        state, flags = split_state((group.get("node") or {}).get("state"), NODE_BASE_STATES)
+        reason = group.get("reason") or {}
+        if isinstance(reason, str):
+            reason = {"description": reason}
+        user = reason.get("user") or group.get("reason_set_by_user") or ""
+        partition = (group.get("partition") or {}).get("name") or ""
+        gres = (group.get("gres") or {}).get("total") or ""
+        for name in (group.get("nodes") or {}).get("nodes") or []:
+            previous = found.get(name)
+            parts = previous.partitions if previous else ()
+            if partition and partition not in parts:
+                parts = (*parts, partition)
+            found[name] = Node(name=name, state=state, flags=flags,
+                               reason=reason.get("description") or "", reason_user=user,
+                               reason_time=timestamp(reason.get("time")), partitions=parts,
+                               gres=gres)
+    return list(found.values())
+
+
+def parse_nodes(doc: Mapping[str, Any]) -> list[Node]:
+    """Nodes from any shape of ``sinfo --json`` or ``scontrol --json show node``."""
+    if "nodes" in doc:
+        return [node_from_json(raw) for raw in doc.get("nodes") or []]
+    return nodes_from_sinfo_groups(doc.get("sinfo") or [])

@@ -1,0 +1,90 @@
+"""Named schema migrations, applied in order and recorded in ``_migrations``.
+
+A migration is never edited once it has shipped: change the schema by adding a
+new one at the end of :data:`MIGRATIONS`.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from sqlite_utils import Database
+
+MIGRATIONS_TABLE = "_migrations"
+
+
+def m001_initial(db: Database) -> None:
+    """The tables of DESIGN.md: jobs, attempts, events, detections,
+    recommendations and nodes."""
+    db["jobs"].create({
+        "id": int, "cluster": str, "job_id": str, "submit_time": int,
+        "numeric_id": int, "array_job_id": int, "array_task_id": int, "name": str,
+        "user": str, "env": str, "mode": str, "spec": str, "state": str,
+        "restart_count": int, "first_seen": float, "last_seen": float,
+    }, pk="id", not_null={"cluster", "job_id", "submit_time"},
+        defaults={"restart_count": 0, "state": "UNKNOWN"})
+    db["jobs"].create_index(["cluster", "job_id", "submit_time"], unique=True)
+    db["jobs"].create_index(["state"])
+
+    db["attempts"].create({
+        "id": int, "job": int, "attempt": int, "nodes": str, "batch_host": str,
+        "start_time": int, "end_time": int, "state": str, "exit_code": int,
+        "exit_signal": int, "first_seen": float, "last_seen": float,
+    }, pk="id", foreign_keys=[("job", "jobs", "id")], not_null={"job", "attempt"})
+    db["attempts"].create_index(["job", "attempt"], unique=True)
+
+    db["events"].create({
+        "id": int, "job": int, "attempt": int, "ts": float, "kind": str, "source": str,
+        "message": str, "data": str,
+    }, pk="id", foreign_keys=[("job", "jobs", "id")], not_null={"ts", "kind"})
+    db["events"].create_index(["job", "ts"])
+
+    db["detections"].create({
+        "id": int, "job": int, "attempt": int, "ts": float, "category": str,
+        "pattern_id": str, "severity": str, "node": str, "gpu": str, "rank": int,
+        "source": str, "evidence": str,
+    }, pk="id", foreign_keys=[("job", "jobs", "id")], not_null={"ts", "category"})
+    db["detections"].create_index(["job", "attempt"])
+
+    db["recommendations"].create({
+        "id": int, "job": int, "attempt": int, "action": str, "target_nodes": str,
+        "reason_category": str, "evidence": str, "mode": str, "status": str,
+        "created": float, "updated": float, "error": str, "actor": str,
+    }, pk="id", foreign_keys=[("job", "jobs", "id")],
+        not_null={"action", "status", "mode", "created"})
+    db["recommendations"].create_index(["status"])
+    db["recommendations"].create_index(["job", "attempt"])
+
+    db["nodes"].create({
+        "name": str, "cluster": str, "suspect_score": float, "strikes": int,
+        "drained_by_us": int, "drain_reason": str, "drained_at": float,
+        "excluded_by_operator": int, "last_health": str, "updated": float,
+    }, pk="name", defaults={"suspect_score": 0.0, "strikes": 0, "drained_by_us": 0,
+                            "excluded_by_operator": 0})
+
+
+MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
+    ("001_initial", m001_initial),
+]
+
+
+def applied(db: Database) -> list[str]:
+    if MIGRATIONS_TABLE not in db.table_names():
+        return []
+    return [row["name"] for row in db[MIGRATIONS_TABLE].rows_where(order_by="applied_at, name")]
+
+
+def migrate(db: Database) -> list[str]:
+    """Apply every migration not yet recorded; return the names applied now."""
+    if MIGRATIONS_TABLE not in db.table_names():
+        db[MIGRATIONS_TABLE].create({"name": str, "applied_at": float}, pk="name")
+    done = set(applied(db))
+    ran = []
+    for name, step in MIGRATIONS:
+        if name in done:
+            continue
+        with db.atomic():  # one transaction per migration: all of it or none
+            step(db)
+            db[MIGRATIONS_TABLE].insert({"name": name, "applied_at": time.time()})
+        ran.append(name)
+    return ran

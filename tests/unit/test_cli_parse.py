@@ -1,0 +1,173 @@
+"""The JSON parsers against real output recorded from Slurm 22.05, 24.11 and 26.05.
+
+Each recording holds the same scene (see tests/fixtures/slurm/README.md): a
+running opted-in job, a job failed with exit 3, an array 0-3%2, a user-held job,
+a requeued-held job excluded from node3 with one restart, node3 drained by us.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from recovery_agent.scheduler.base import Job
+from recovery_agent.scheduler.cli_parse import (exit_status, expand_nodes, expand_output_path,
+                                                number, parse_nodes, parse_squeue,
+                                                slurm_version, split_state)
+from tests.conftest import FIXTURES, slurm_fixture
+
+# the scene's job ids per version, from each directory's README.txt
+SCENES = {}
+for _v in ("22.05", "24.11", "26.05"):
+    _text = (FIXTURES / "slurm" / _v / "README.txt").read_text()
+    SCENES[_v] = {k: v for k, v in re.findall(r"(\w+)=(\d+)", _text)}
+
+
+def jobs_by_id(version: str) -> dict[str, Job]:
+    return {j.job_id: j for j in parse_squeue(slurm_fixture(version, "squeue_all.json"))}
+
+
+def test_version_is_read_from_meta(slurm_version):
+    major, minor, _ = slurm_version_tuple = slurm_version_of(slurm_version)
+    assert f"{major}.{minor:02d}" == slurm_version
+    assert slurm_version_tuple >= (22, 5, 0)
+
+
+def slurm_version_of(version: str):
+    return slurm_version(slurm_fixture(version, "squeue_all.json"))
+
+
+def test_running_job(slurm_version):
+    scene = SCENES[slurm_version]
+    job = jobs_by_id(slurm_version)[scene["running"]]
+    assert job.state == "RUNNING" and job.is_active
+    assert job.nodes == ("node1",) and job.batch_host == "node1"
+    assert job.comment == "recovery=prod:action"
+    assert job.exit_code == 0 and job.exit_signal is None
+    assert job.submit_time and job.start_time and job.start_time >= job.submit_time
+    assert job.user == "root" and job.name == "train-run"
+    assert job.stdout == f"/tmp/sl/jobs/train-run-{scene['running']}.out"
+    assert job.stderr == job.stdout  # no --error given: stderr goes with stdout
+    assert not job.held and job.requeue_allowed
+
+
+def test_failed_job_exit_code(slurm_version):
+    job = jobs_by_id(slurm_version)[SCENES[slurm_version]["failed"]]
+    assert job.state == "FAILED" and job.is_finished
+    assert job.exit_code == 3 and job.exit_signal is None
+    assert job.reason == "NonZeroExitCode"
+
+
+def test_requeued_held_job_with_exclusion(slurm_version):
+    job = jobs_by_id(slurm_version)[SCENES[slurm_version]["requeued_held_excluded"]]
+    assert job.state == "PENDING" and job.held
+    assert job.excluded_nodes == ("node3",)
+    assert job.restart_count == 1
+    assert job.nodes == ()
+
+
+def test_user_held_job(slurm_version):
+    job = jobs_by_id(slurm_version)[SCENES[slurm_version]["held"]]
+    assert job.held and job.reason == "JobHeldUser"
+    assert job.stdout.endswith(f"slurm-{SCENES[slurm_version]['held']}.out")
+
+
+def test_array_tasks_are_separate_jobs(slurm_version):
+    array = SCENES[slurm_version]["array"]
+    jobs = jobs_by_id(slurm_version)
+    task0, task1 = jobs[f"{array}_0"], jobs[f"{array}_1"]
+    assert task0.array_job_id == int(array) and task0.array_task_id == 0
+    assert task1.array_task_id == 1 and task0.numeric_id != task1.numeric_id
+    assert task0.stdout == f"/tmp/sl/jobs/arr-{array}_0.out"
+    rest = jobs[f"{array}_[2-3%2]"]
+    assert rest.is_pending and rest.array_task_spec == "2-3%2" and rest.array_task_id is None
+    assert rest.stdout == ""  # the pending remainder has no file of its own yet
+
+
+def test_drained_node(slurm_version):
+    nodes = {n.name: n for n in parse_nodes(slurm_fixture(slurm_version, "sinfo.json"))}
+    node3 = nodes["node3"]
+    assert node3.drained and not node3.available
+    assert node3.state == "MIXED" and "DRAIN" in node3.flags
+    assert node3.reason == "recovery: rec-42 gpu_hardware xid=79"
+    assert node3.reason_user == "root" and node3.reason_time
+    assert node3.partitions == ("gpu",)
+    assert nodes["node1"].available and not nodes["node1"].drained
+
+
+@pytest.mark.parametrize("version", ["24.11", "26.05"])
+def test_scontrol_json_nodes_agree_with_sinfo(version):
+    via_scontrol = {n.name: n for n in parse_nodes(slurm_fixture(version,
+                                                                  "scontrol_show_node.json"))}
+    via_sinfo = {n.name: n for n in parse_nodes(slurm_fixture(version, "sinfo.json"))}
+    assert set(via_scontrol) == set(via_sinfo)
+    for name, node in via_sinfo.items():
+        assert (node.state, node.flags, node.reason) == (
+            via_scontrol[name].state, via_scontrol[name].flags, via_scontrol[name].reason)
+
+
+def test_signalled_exit_in_object_form():
+    jobs = jobs_by_id("24.11")
+    cancelled = jobs["1"]  # an earlier run of train-run, cancelled by SIGTERM
+    assert cancelled.state == "CANCELLED"
+    assert cancelled.exit_code is None and cancelled.exit_signal == 15
+    assert cancelled.nodes == ("node1", "node2")
+
+
+@pytest.mark.parametrize("raw, expected", [
+    (0, (0, None)), (768, (3, None)), (9, (None, 9)), (15, (None, 15)), (None, (None, None)),
+    ({"return_code": {"set": True, "infinite": False, "number": 7},
+      "signal": {"id": {"set": False, "infinite": False, "number": 0}}}, (7, None)),
+])
+def test_exit_status(raw, expected):
+    assert exit_status(raw) == expected
+
+
+@pytest.mark.parametrize("raw, expected", [
+    (5, 5), ({"set": True, "infinite": False, "number": 5}, 5),
+    ({"set": False, "infinite": False, "number": 5}, None),
+    ({"set": True, "infinite": True, "number": 0}, None), (None, None), ("12", 12), (True, None),
+])
+def test_number(raw, expected):
+    assert number(raw) == expected
+
+
+def test_split_state_forms():
+    assert split_state("mixed", frozenset({"MIXED"})) == ("MIXED", frozenset())
+    assert split_state("IDLE+DRAIN", frozenset({"IDLE"})) == ("IDLE", frozenset({"DRAIN"}))
+    assert split_state(["DRAIN", "IDLE"], frozenset({"IDLE"})) == ("IDLE", frozenset({"DRAIN"}))
+    assert split_state([], frozenset({"IDLE"}))[0] == "UNKNOWN"
+
+
+def test_expand_nodes():
+    assert expand_nodes("gpu[01-03],cpu7") == ("gpu01", "gpu02", "gpu03", "cpu7")
+    assert expand_nodes("") == () and expand_nodes(None) == () and expand_nodes("(null)") == ()
+
+
+def _job(**kw) -> Job:
+    base = dict(job_id="1234", numeric_id=1234, name="train", user="alice",
+                batch_host="gpu07", nodes=("gpu07", "gpu08"), workdir="/scratch/alice")
+    base.update(kw)
+    return Job(**base)
+
+
+@pytest.mark.parametrize("pattern, expected", [
+    ("%x-%j.out", "/scratch/alice/train-1234.out"),
+    ("/logs/%u/%x_%A.%a.out", "/logs/alice/train_1234.4294967294.out"),
+    ("/logs/%N-%n-%t.log", "/logs/gpu07-0-0.log"),
+    ("/logs/100%%-%j", "/logs/100%-1234"),
+    ("/logs/%8j.out", "/logs/00001234.out"),
+    ("/logs/%J.out", "/logs/1234.batch.out"),
+    ("/logs/\\%j.out", "/logs/%j.out"),  # a backslash turns expansion off
+    ("", "/scratch/alice/slurm-1234.out"),
+])
+def test_expand_output_path(pattern, expected):
+    assert expand_output_path(pattern, _job(), default="slurm-%j.out") == expected
+
+
+def test_expand_output_path_for_array_task():
+    task = _job(job_id="1200_7", numeric_id=1234, array_job_id=1200, array_task_id=7)
+    assert expand_output_path("o-%A_%a-%j-%3a-%b.txt", task) == \
+        "/scratch/alice/o-1200_7-1234-007-7.txt"
+    assert expand_output_path("", task, default="slurm-%A_%a.out") == \
+        "/scratch/alice/slurm-1200_7.out"
