@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import Field, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -42,8 +42,8 @@ def parse_duration(value: Any, key: str = "duration") -> float:
     return seconds
 
 
-def _doc(text: str, **kw: Any) -> Any:
-    return field(metadata={"doc": text}, **kw)
+def _doc(text: str, duration: bool = False, **kw: Any) -> Any:
+    return field(metadata={"doc": text, "duration": duration}, **kw)
 
 
 @dataclass(frozen=True)
@@ -52,16 +52,16 @@ class AgentConfig:
                         default="default")
     state_dir: str = _doc("Directory for the store, spools and cursors.",
                           default="/var/lib/slurm-recovery")
-    poll_interval: float = _doc("Seconds between scheduler polls (one batched query each).",
-                                default=2.0)
+    poll_interval: float = _doc("Time between scheduler polls (one batched query each).",
+                                duration=True, default=2.0)
     log_level: str = _doc("DEBUG, INFO, WARNING or ERROR.", default="INFO")
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     backend: str = _doc("auto (first viable), cli or pyslurm.", default="auto")
-    command_timeout: float = _doc("Seconds before a Slurm command is abandoned.",
-                                  default=30.0)
+    command_timeout: float = _doc("Time before a Slurm command is abandoned.",
+                                  duration=True, default=30.0)
     bin_dir: str = _doc("Directory of squeue/sinfo/scontrol; empty searches PATH.",
                         default="")
     slurm_conf: str = _doc("SLURM_CONF for the commands; empty keeps the environment's.",
@@ -79,7 +79,7 @@ class EnvironmentConfig:
                      "(a site controller acts through the Advisor API).", default="monitor")
     max_restarts: int = _doc("Requeues allowed per job before recovery stops.", default=3)
     hang: float = _doc("A job printing nothing for this long is hung (0 disables).",
-                       default=0.0)
+                       duration=True, default=0.0)
 
 
 SECTIONS: dict[str, type] = {"agent": AgentConfig, "scheduler": SchedulerConfig,
@@ -105,9 +105,14 @@ class Config:
             "default", EnvironmentConfig())
 
 
-def _coerce(key: str, kind: type, value: Any) -> Any:
-    if kind is float and key.rsplit(".", 1)[-1] in {"poll_interval", "hang", "command_timeout"}:
+_KINDS = {"str": str, "int": int, "float": float, "bool": bool}
+
+
+def _coerce(key: str, spec: Field, value: Any) -> Any:
+    """``value`` as the declared type of ``spec``; ``key`` names it in errors."""
+    if spec.metadata.get("duration"):
         return parse_duration(value, key)
+    kind = _KINDS[str(spec.type)]
     if kind is bool:
         if isinstance(value, bool):
             return value
@@ -137,8 +142,7 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
     for key, value in data.items():
         if key not in known:
             raise ConfigError(f"{prefix}.{key}: unknown key (known: {', '.join(known)})")
-        kind = {"str": str, "int": int, "float": float, "bool": bool}[str(known[key].type)]
-        values[key] = _coerce(f"{prefix}.{key}", kind, value)
+        values[key] = _coerce(f"{prefix}.{key}", known[key], value)
     return cls(**values)
 
 
@@ -182,16 +186,21 @@ def from_mapping(data: Mapping[str, Any], source: str = "") -> Config:
 
 def apply_env(cfg: Config, environ: Mapping[str, str]) -> Config:
     """Apply ``RECOVERY_<SECTION>_<KEY>`` overrides, e.g. ``RECOVERY_SCHEDULER_BACKEND=cli``."""
+    applied: dict[str, str] = {}
     for section, cls in SECTIONS.items():
         updates = {}
         for f in fields(cls):
             var = f"RECOVERY_{section}_{f.name}".upper()
             if var in environ:
-                kind = {"str": str, "int": int, "float": float, "bool": bool}[str(f.type)]
-                updates[f.name] = _coerce(f"{var} ({section}.{f.name})", kind, environ[var])
+                updates[f.name] = _coerce(f"{var} ({section}.{f.name})", f, environ[var])
+                applied[f"{section}.{f.name}"] = var
         if updates:
             cfg = replace(cfg, **{section: replace(getattr(cfg, section), **updates)})
-    _validate(cfg)
+    try:
+        _validate(cfg)
+    except ConfigError as exc:
+        var = next((v for k, v in applied.items() if str(exc).startswith(k)), None)
+        raise ConfigError(f"{var}: {exc}" if var else str(exc)) from None
     return cfg
 
 

@@ -1,0 +1,109 @@
+"""Config: the TOML file, RECOVERY_* overrides, and errors that name the key."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from recovery_agent import config
+from recovery_agent.errors import ConfigError
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "etc" / "recovery.toml"
+
+
+def write(tmp_path, text: str) -> Path:
+    path = tmp_path / "recovery.toml"
+    path.write_text(text)
+    return path
+
+
+def test_example_file_loads():
+    cfg = config.load(EXAMPLE, environ={})
+    assert cfg.agent.poll_interval == 2.0
+    assert cfg.scheduler.command_timeout == 30.0
+    assert cfg.environment("prod").hang == 1800.0
+    assert cfg.environment("prod").max_restarts == 5
+    assert cfg.environment("nonexistent") == cfg.environment("default")
+    assert cfg.store_path == Path("/var/lib/slurm-recovery/recovery.db")
+
+
+def test_missing_default_file_gives_defaults(tmp_path, monkeypatch):
+    monkeypatch.setattr(config, "DEFAULT_PATH", tmp_path / "absent.toml")
+    cfg = config.load(environ={})
+    assert cfg.environment("default").mode == "monitor"  # new installs only watch
+    with pytest.raises(ConfigError, match="not found"):
+        config.load(environ={}, required=True)
+
+
+def test_named_file_must_exist(tmp_path):
+    with pytest.raises(ConfigError, match="absent.toml: config file not found"):
+        config.load(environ={"RECOVERY_CONFIG": str(tmp_path / "absent.toml")})
+
+
+@pytest.mark.parametrize("text, key", [
+    ("[agent]\npoll_intervl = 3\n", "agent.poll_intervl"),
+    ("[agnet]\n", "agnet"),
+    ("[agent]\npoll_interval = 'soon'\n", "agent.poll_interval"),
+    ("[agent]\npoll_interval = 0\n", "agent.poll_interval"),
+    ("[scheduler]\nbackend = 'slurmrestd'\n", "scheduler.backend"),
+    ("[scheduler]\ncommand_timeout = true\n", "scheduler.command_timeout"),
+    ("[environments.prod]\nmode = 'yolo'\n", "environments.prod.mode"),
+    ("[environments.prod]\nmax_restarts = 5000\n", "environments.prod.max_restarts"),
+    ("[environments.prod]\nmax_restarts = '3'\n", None),  # a digit string is accepted
+    ("[environments.prod]\nretries = 3\n", "environments.prod.retries"),
+    ("[environments.'bad name']\n", "environments.bad name"),
+    ("[agent]\ncluster = 12\n", "agent.cluster"),
+])
+def test_bad_values_name_the_key(tmp_path, text, key):
+    path = write(tmp_path, text)
+    if key is None:
+        assert config.load(path, environ={}).environment("prod").max_restarts == 3
+        return
+    with pytest.raises(ConfigError) as info:
+        config.load(path, environ={})
+    assert key in str(info.value) and str(path) in str(info.value)
+
+
+def test_invalid_toml(tmp_path):
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        config.load(write(tmp_path, "[agent\n"), environ={})
+
+
+def test_environment_overrides_file(tmp_path):
+    path = write(tmp_path, "[scheduler]\nbackend = 'pyslurm'\n[agent]\npoll_interval = 5\n")
+    cfg = config.load(path, environ={"RECOVERY_SCHEDULER_BACKEND": "cli",
+                                     "RECOVERY_AGENT_POLL_INTERVAL": "500ms"})
+    assert cfg.scheduler.backend == "cli" and cfg.agent.poll_interval == 0.5
+    with pytest.raises(ConfigError, match="RECOVERY_SCHEDULER_BACKEND"):
+        config.load(path, environ={"RECOVERY_SCHEDULER_BACKEND": "nope"})
+
+
+def test_config_is_frozen():
+    cfg = config.Config()
+    with pytest.raises(AttributeError):
+        cfg.agent.cluster = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("text, seconds", [
+    (90, 90.0), ("90s", 90.0), ("20m", 1200.0), ("2h", 7200.0), ("1d", 86400.0),
+    ("250ms", 0.25), (" 3 ", 3.0),
+])
+def test_durations(text, seconds):
+    assert config.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "ten", "5 weeks", "-3s", True])
+def test_bad_durations(text):
+    with pytest.raises(ConfigError):
+        config.parse_duration(text, "hang")
+
+
+def test_every_key_is_documented_in_the_example():
+    text = EXAMPLE.read_text()
+    from dataclasses import fields
+    for section, cls in config.SECTIONS.items():
+        for f in fields(cls):
+            assert f"\n{f.name} = " in text, f"{section}.{f.name} missing from etc/recovery.toml"
+            assert f.metadata.get("doc"), f"{section}.{f.name} has no doc text"
+    for f in fields(config.EnvironmentConfig):
+        assert f"\n{f.name} = " in text

@@ -1,0 +1,99 @@
+"""The store on a temp file: WAL, recorded migrations, job identity."""
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from recovery_agent.errors import StoreError
+from recovery_agent.scheduler.base import Job
+from recovery_agent.store import MIGRATIONS, Store
+
+
+def job(**kw) -> Job:
+    base = dict(job_id="1234", numeric_id=1234, name="train", state="RUNNING",
+                submit_time=1_800_000_000, nodes=("node1", "node2"), batch_host="node1",
+                user="alice")
+    base.update(kw)
+    return Job(**base)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "sub" / "recovery.db") as s:
+        yield s
+
+
+def test_wal_and_tables(store):
+    assert store.journal_mode == "wal"
+    tables = set(store.db.table_names())
+    assert {"jobs", "attempts", "events", "detections", "recommendations", "nodes"} <= tables
+
+
+def test_migrations_are_recorded_once(tmp_path):
+    path = tmp_path / "r.db"
+    with Store(path) as first:
+        assert first.migrations_run == [name for name, _ in MIGRATIONS]
+    with Store(path) as second:
+        assert second.migrations_run == []
+        assert second.applied_migrations() == [name for name, _ in MIGRATIONS]
+
+
+def test_failed_migration_leaves_nothing_half_done(tmp_path, monkeypatch):
+    from recovery_agent.store import migrations
+
+    def broken(db):
+        db["half"].create({"id": int}, pk="id")
+        raise sqlite3.OperationalError("boom")
+
+    monkeypatch.setattr(migrations, "MIGRATIONS", [*migrations.MIGRATIONS, ("002_broken", broken)])
+    with pytest.raises(StoreError, match="boom"):
+        Store(tmp_path / "r.db")
+    conn = sqlite3.connect(tmp_path / "r.db")
+    names = {r[0] for r in conn.execute("select name from sqlite_master where type='table'")}
+    assert "half" not in names and "jobs" in names
+    assert [r[0] for r in conn.execute("select name from _migrations")] == ["001_initial"]
+
+
+def test_record_job_is_idempotent_and_refreshes(store):
+    pk = store.record_job(job(), cluster="c1", env="prod", mode="action")
+    assert store.record_job(job(state="COMPLETING", restart_count=1), cluster="c1") == pk
+    row = store.job(pk)
+    assert row["state"] == "COMPLETING" and row["restart_count"] == 1
+    assert len(store.jobs()) == 1
+
+
+def test_job_id_reuse_starts_a_new_history(store):
+    old = store.record_job(job(), cluster="c1")
+    store.add_event(old, "registered", "first life")
+    new = store.record_job(job(submit_time=1_900_000_000), cluster="c1")
+    assert new != old
+    assert store.find_job("c1", "1234")["id"] == new
+    assert list(store.timeline(new)) == []
+    assert [e["message"] for e in store.timeline(old)] == ["first life"]
+
+
+def test_same_id_on_two_clusters(store):
+    assert store.record_job(job(), cluster="a") != store.record_job(job(), cluster="b")
+
+
+def test_attempts_and_timeline(store):
+    pk = store.record_job(job(), cluster="c1")
+    store.record_attempt(pk, job())
+    store.record_attempt(pk, job(state="FAILED", exit_code=1))
+    store.record_attempt(pk, job(restart_count=1, nodes=("node3", "node4")))
+    attempts = store.attempts(pk)
+    assert [(a["attempt"], a["state"]) for a in attempts] == [(0, "FAILED"), (1, "RUNNING")]
+    assert attempts[1]["nodes"] == ["node3", "node4"]
+    store.add_event(pk, "detected", "xid 79 on node1", attempt=0, data={"xid": 79}, ts=2.0)
+    store.add_event(pk, "registered", "prolog", attempt=0, ts=1.0)
+    events = list(store.timeline(pk))
+    assert [e["kind"] for e in events] == ["registered", "detected"]
+    assert events[1]["data"] == {"xid": 79}
+
+
+def test_unopenable_store(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(StoreError, match="cannot open store"):
+        Store(blocker / "recovery.db")
