@@ -96,12 +96,14 @@ need python3 "the training job runs on it"
 cat <<EOF
 slurm-recovery demo: a training job survives an interruption on a real Slurm.
 
-  1. start a ${nodes}-node dev cluster (slurmctld + slurmd + munge on this machine)
-  2. submit examples/train.sbatch: 2 nodes, one rank each, checkpoint every few steps
-  3. watch it train
-  4. interrupt it with \`scontrol requeue\` (what slurm-recovery does after a fault)
-  5. skip Slurm's requeue delay (StartTime=now) and watch it resume from its checkpoint
-  6. let it finish
+  1. start a ${nodes}-node dev cluster (munge, slurmctld, one slurmd per node, all local)
+  2. submit examples/train.sbatch: 2 nodes, one rank each, a checkpoint every few steps
+  3. wait for it to run
+  4. watch it train
+  5. interrupt it with \`scontrol requeue\` (what slurm-recovery does after a fault)
+  6. skip Slurm's requeue delay (StartTime=now); watch it resume from its checkpoint
+  7. let it finish
+  8. summary
 EOF
 
 step "Start the dev cluster"
@@ -135,7 +137,7 @@ step "Watch it train (15 s)"
 follow 15
 is_state RUNNING || die "the job stopped before the requeue (state $(job_state)); give it more --steps"
 wait_for 30 "a first checkpoint" output_has 'checkpoint saved:' 1
-last_ckpt="$(grep 'checkpoint saved:' "$out" | tail -n 1 | sed 's/.*checkpoint saved: //')"
+last_ckpt="$(grep 'checkpoint saved:' "$out" | tail -n 1 | sed 's/.*checkpoint saved: //; s/ step=.*//')"
 say "newest checkpoint before the interruption: $last_ckpt"
 
 step "Interrupt it: scontrol requeue $job"
@@ -168,14 +170,14 @@ say "$(job_fields)"
 step "Summary"
 say "job $job: $final after $((restarts + 1)) attempts (Restarts=$restarts)"
 say "$(grep -c 'checkpoint saved:' "$out") checkpoints saved; newest: $(ls "$ckpt_dir" | tail -n 1)"
-say "$(grep 'training finished' "$out" | head -n 1 | sed 's/^\[[^]]*\] //')"
+say "$(grep 'rank 0/.*training finished' "$out" | tail -n 1 | sed 's/^\[[^]]*\] //')"
 say "the requeue cost only the steps since $(basename "$last_ckpt"), not the whole run."
 say "demo took $((SECONDS - t0)) s"
 cat <<EOF
 
 The cluster is still running. Try it yourself:
-   eval "\$(recovery-devcluster env ${cluster_args[*]})"
+   eval "\$(recovery-devcluster env${cluster_args[*]:+ ${cluster_args[*]}})"
    sinfo; squeue; cat $out
 Stop it with:
-   recovery-devcluster down ${cluster_args[*]}
+   recovery-devcluster down${cluster_args[*]:+ ${cluster_args[*]}}
 EOF

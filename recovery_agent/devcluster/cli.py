@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import logging
 import shlex
-import shutil
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import click
 
 from ..errors import RecoveryError
 from .cluster import DevCluster, default_state_dir
-from .config import DEFAULT_GPUS, DEFAULT_NODES, DEFAULT_PORT, ClusterSpec
+from .config import DEFAULT_GPUS, DEFAULT_NODES, DEFAULT_PORT, local_spec
 
 STATE_DIR = click.option(
     "--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -23,16 +22,6 @@ STATE_DIR = click.option(
 def _cluster(state_dir: Path | None) -> DevCluster:
     return DevCluster(state_dir or default_state_dir(),
                       progress=lambda msg: click.echo(msg, err=True))
-
-
-def _repo_spank_plugin() -> str:
-    """Our SPANK plugin when it has been built in this checkout (make -C spank)."""
-    built = Path(__file__).resolve().parents[2] / "spank" / "slurm_recovery.so"
-    return str(built) if built.exists() else ""
-
-
-def _hook(name: str) -> str:
-    return shutil.which(name) or ""
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -75,10 +64,7 @@ def up(nodes: int, gpus_per_node: int, port: int, state_dir: Path | None) -> Non
     Example:
         recovery-devcluster up --nodes 2 --gpus-per-node 8 --state-dir /tmp/dc
     """
-    spec = ClusterSpec(nodes=nodes, gpus_per_node=gpus_per_node, port=port,
-                       prolog=_hook("recovery-prolog"), epilog=_hook("recovery-epilog"),
-                       health_check=_hook("recovery-healthcheck"),
-                       spank_plugin=_repo_spank_plugin())
+    spec = local_spec(nodes=nodes, gpus_per_node=gpus_per_node, port=port)
     cluster = _cluster(state_dir)
     try:
         click.echo(cluster.up(spec))

@@ -6,6 +6,7 @@ import getpass
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,6 +118,18 @@ class ClusterSpec:
         return {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "port": self.port,
                 "prolog": self.prolog, "epilog": self.epilog,
                 "health_check": self.health_check, "spank_plugin": self.spank_plugin}
+
+
+def local_spec(nodes: int = DEFAULT_NODES, gpus_per_node: int = DEFAULT_GPUS,
+               port: int = DEFAULT_PORT) -> ClusterSpec:
+    """A spec wired to what this install has: the node hooks when their entry
+    points are on PATH, the SPANK plugin when it is built in this checkout."""
+    plugin = Path(__file__).resolve().parents[2] / "spank" / "slurm_recovery.so"
+    return ClusterSpec(nodes=nodes, gpus_per_node=gpus_per_node, port=port,
+                       prolog=shutil.which("recovery-prolog") or "",
+                       epilog=shutil.which("recovery-epilog") or "",
+                       health_check=shutil.which("recovery-healthcheck") or "",
+                       spank_plugin=str(plugin) if plugin.exists() else "")
 
 
 def slurm_conf(spec: ClusterSpec, lay: Layout) -> str:

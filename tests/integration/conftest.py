@@ -1,0 +1,72 @@
+"""The live dev cluster for integration tests.
+
+One cluster per test session. `make test` starts it first and points
+RECOVERY_DEVCLUSTER_DIR at it; run alone, pytest starts (and stops) its own.
+There is no fallback to a mock: without Slurm these tests error out.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Callable
+
+import pytest
+
+from recovery_agent.devcluster.cluster import DevCluster
+from recovery_agent.devcluster.config import local_spec
+
+TEST_PORT = int(os.environ.get("RECOVERY_TEST_PORT", "26817"))
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str,
+             interval: float = 0.25):
+    """Poll until ``predicate`` returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="session")
+def devcluster():
+    state_dir = os.environ.get("RECOVERY_DEVCLUSTER_DIR") or tempfile.mkdtemp(
+        prefix="recovery-test-cluster-")
+    cluster = DevCluster(state_dir)
+    started_here = not cluster.is_healthy()
+    cluster.up(local_spec(port=TEST_PORT))
+    yield cluster
+    if started_here:
+        cluster.down(quiet=True)
+
+
+class Submitter:
+    """sbatch through the same argv seam as everything else; cancels what it
+    submitted when the test ends."""
+
+    def __init__(self, cluster: DevCluster) -> None:
+        self.cluster = cluster
+        self.runner = cluster.runner(timeout=30)
+        self.submitted: list[str] = []
+
+    def __call__(self, *args: str, script: str = "sleep 300") -> str:
+        argv = ["sbatch", "--parsable", f"--chdir={self.cluster.lay.jobs}", "--mem=100",
+                *args, "--wrap", script]
+        job_id = self.runner.run(argv).stdout.strip().split(";")[0]
+        self.submitted.append(job_id)
+        return job_id
+
+    def cleanup(self) -> None:
+        if self.submitted:
+            self.runner.run(["scancel", *self.submitted], check=False)
+
+
+@pytest.fixture
+def submit(devcluster):
+    submitter = Submitter(devcluster)
+    yield submitter
+    submitter.cleanup()
