@@ -173,11 +173,12 @@ say "$(grep -c 'checkpoint saved:' "$out") checkpoints saved; newest: $(ls "$ckp
 say "$(grep 'rank 0/.*training finished' "$out" | tail -n 1 | sed 's/^\[[^]]*\] //')"
 say "the requeue cost only the steps since $(basename "$last_ckpt"), not the whole run."
 say "demo took $((SECONDS - t0)) s"
+devcluster="$(command -v recovery-devcluster)"
 cat <<EOF
 
 The cluster is still running. Try it yourself:
-   eval "\$(recovery-devcluster env${cluster_args[*]:+ ${cluster_args[*]}})"
+   eval "\$($devcluster env${cluster_args[*]:+ ${cluster_args[*]}})"
    sinfo; squeue; cat $out
 Stop it with:
-   recovery-devcluster down${cluster_args[*]:+ ${cluster_args[*]}}
+   make down      (or: $devcluster down${cluster_args[*]:+ ${cluster_args[*]}})
 EOF
