@@ -86,21 +86,22 @@ class CliScheduler:
         return found[0]
 
     # -- writes --------------------------------------------------------------
-    def _job_cmd(self, argv: list[str]) -> None:
+    def _change(self, argv: list[str], missing: re.Pattern[str],
+                not_found: type[SchedulerError]) -> None:
+        """Run one state-changing command; Slurm's "no such job/node" becomes
+        the typed ``not_found`` error."""
         try:
             self.runner.run(argv)
         except SchedulerError as exc:
-            if _JOB_MISSING.search(exc.stderr):
-                raise JobNotFound(str(exc), exc.argv, exc.returncode, exc.stderr) from None
+            if missing.search(exc.stderr):
+                raise not_found(str(exc), exc.argv, exc.returncode, exc.stderr) from None
             raise
 
+    def _job_cmd(self, argv: list[str]) -> None:
+        self._change(argv, _JOB_MISSING, JobNotFound)
+
     def _node_cmd(self, argv: list[str]) -> None:
-        try:
-            self.runner.run(argv)
-        except SchedulerError as exc:
-            if _NODE_MISSING.search(exc.stderr):
-                raise NodeNotFound(str(exc), exc.argv, exc.returncode, exc.stderr) from None
-            raise
+        self._change(argv, _NODE_MISSING, NodeNotFound)
 
     def requeue_hold(self, job_id: str) -> None:
         self._job_cmd(["scontrol", "requeuehold", str(job_id)])
