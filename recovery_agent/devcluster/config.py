@@ -100,6 +100,7 @@ class ClusterSpec:
     epilog: str = ""
     health_check: str = ""
     spank_plugin: str = ""
+    spank_args: str = ""
 
     @property
     def node_names(self) -> list[str]:
@@ -117,7 +118,8 @@ class ClusterSpec:
         """What must match for a running cluster to be reused as it is."""
         return {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "port": self.port,
                 "prolog": self.prolog, "epilog": self.epilog,
-                "health_check": self.health_check, "spank_plugin": self.spank_plugin}
+                "health_check": self.health_check, "spank_plugin": self.spank_plugin,
+                "spank_args": self.spank_args}
 
 
 def local_spec(nodes: int = DEFAULT_NODES, gpus_per_node: int = DEFAULT_GPUS,
@@ -201,7 +203,7 @@ def gres_conf(spec: ClusterSpec, lay: Layout) -> str:
 
 def plugstack_conf(spec: ClusterSpec) -> str:
     if spec.spank_plugin:
-        return f"optional {spec.spank_plugin}\n"
+        return f"required {spec.spank_plugin} {spec.spank_args}".rstrip() + "\n"
     return "# no SPANK plugin built yet (make -C spank)\n"
 
 
