@@ -82,8 +82,47 @@ class EnvironmentConfig:
                        duration=True, default=0.0)
 
 
+@dataclass(frozen=True)
+class ApiConfig:
+    bind: str = _doc("Address the agent's HTTP service listens on.", default="127.0.0.1")
+    port: int = _doc("Port of the agent's HTTP service.", default=8787)
+    auth: str = _doc("munge: hook reports must carry a munge credential bound to the "
+                     "body; none: accept unsigned reports (tests only).", default="munge")
+    munge_socket: str = _doc("munged's socket; empty uses munge's default.", default="")
+    hook_uids: str = _doc("Comma-separated uids allowed to send hook reports (the "
+                          "SlurmdUser, normally root).", default="0")
+
+
+@dataclass(frozen=True)
+class HooksConfig:
+    agent_url: str = _doc("Where the node hooks POST their reports.",
+                          default="http://127.0.0.1:8787")
+    timeout: float = _doc("How long a hook waits for the agent before spooling.",
+                          duration=True, default=0.5)
+    spool_dir: str = _doc("Node-local directory for reports the agent did not take; "
+                          "{node} is replaced by the node name.",
+                          default="/var/spool/slurm-recovery")
+    log_file: str = _doc("The hooks' own log ({node} allowed); empty logs to stderr.",
+                         default="/var/log/slurm-recovery/hooks.log")
+    kernel_log: str = _doc("Where XIDs are read: journal (journalctl -k), kmsg "
+                           "(/dev/kmsg) or file:PATH ({node} allowed).", default="journal")
+    xid_window: float = _doc("How far back the prolog and health check look for XIDs.",
+                             duration=True, default=600.0)
+    nvml_library: str = _doc("Load NVML from this path instead of the system's "
+                             "libnvidia-ml.so.1 ({node} allowed).", default="")
+    gpu_state_file: str = _doc("State file of the fake NVML used by tests ({node} "
+                               "allowed); leave empty on real GPUs.", default="")
+    expected_gpus: int = _doc("GPUs every node should show; fewer is a preflight fault "
+                              "(0 disables the check).", default=0)
+    preflight: str = _doc("off, report (record faults) or enforce (a critical GPU fault "
+                          "fails the prolog, so Slurm drains the node and requeues the "
+                          "job).", default="report")
+    munge_socket: str = _doc("munged's socket for signing reports; empty uses munge's "
+                             "default.", default="")
+
+
 SECTIONS: dict[str, type] = {"agent": AgentConfig, "scheduler": SchedulerConfig,
-                             "store": StoreConfig}
+                             "store": StoreConfig, "api": ApiConfig, "hooks": HooksConfig}
 
 
 @dataclass(frozen=True)
@@ -91,6 +130,8 @@ class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
+    hooks: HooksConfig = field(default_factory=HooksConfig)
     environments: Mapping[str, EnvironmentConfig] = field(
         default_factory=lambda: {"default": EnvironmentConfig()})
     source: str = ""
@@ -98,6 +139,10 @@ class Config:
     @property
     def store_path(self) -> Path:
         return Path(self.store.path or Path(self.agent.state_dir) / "recovery.db")
+
+    @property
+    def allowed_hook_uids(self) -> frozenset[int]:
+        return frozenset(int(u) for u in self.api.hook_uids.split(",") if u.strip())
 
     def environment(self, name: str) -> EnvironmentConfig:
         """The named environment; unknown names fall back to ``default``."""
@@ -156,6 +201,25 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"agent.log_level: unknown level {cfg.agent.log_level!r}")
     if not _NAME.match(cfg.agent.cluster):
         raise ConfigError(f"agent.cluster: {cfg.agent.cluster!r} must match [A-Za-z0-9_-]{{1,64}}")
+    if cfg.api.auth not in ("munge", "none"):
+        raise ConfigError(f"api.auth: must be munge or none, got {cfg.api.auth!r}")
+    if not 0 < cfg.api.port < 65536:
+        raise ConfigError(f"api.port: {cfg.api.port} is not a port number")
+    try:
+        cfg.allowed_hook_uids
+    except ValueError:
+        raise ConfigError(f"api.hook_uids: expected comma-separated uids, "
+                          f"got {cfg.api.hook_uids!r}") from None
+    if cfg.hooks.preflight not in ("off", "report", "enforce"):
+        raise ConfigError(f"hooks.preflight: must be off, report or enforce, "
+                          f"got {cfg.hooks.preflight!r}")
+    source = cfg.hooks.kernel_log
+    if source not in ("journal", "kmsg") and not source.startswith("file:"):
+        raise ConfigError(f"hooks.kernel_log: must be journal, kmsg or file:PATH, "
+                          f"got {source!r}")
+    if not cfg.hooks.agent_url.startswith(("http://", "https://")):
+        raise ConfigError(f"hooks.agent_url: must be an http(s) URL, got "
+                          f"{cfg.hooks.agent_url!r}")
     for name, env in cfg.environments.items():
         if not _NAME.match(name):
             raise ConfigError(f"environments.{name}: names must match [A-Za-z0-9_-]{{1,64}}")

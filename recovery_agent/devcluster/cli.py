@@ -12,6 +12,7 @@ import click
 from ..errors import RecoveryError
 from .cluster import DevCluster, default_state_dir
 from .config import DEFAULT_GPUS, DEFAULT_NODES, DEFAULT_PORT, local_spec
+from .inject import inject
 
 STATE_DIR = click.option(
     "--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -131,3 +132,6 @@ def status(as_json: bool, state_dir: Path | None) -> None:
             for n in info["nodes"]:
                 click.echo(f"{n['name']:<10} {n['state']:<18} {n['reason']}")
     sys.exit(0 if healthy else 1)
+
+
+main.add_command(inject)

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,6 +85,20 @@ class Layout:
         """The node's fake-GPU state, read by the fake NVML library."""
         return self.node_dir(node) / "gpus.json"
 
+    @property
+    def agent_config(self) -> Path:
+        """recovery.toml for the hooks and for an agent serving this cluster."""
+        return self.etc / "recovery.toml"
+
+    def hook_wrapper(self, hook: str) -> Path:
+        return self.root / "bin" / HOOKS[hook]
+
+    def spool_dir(self, node: str) -> Path:
+        return self.node_dir(node) / "spool"
+
+    def hooks_log(self, node: str) -> Path:
+        return self.node_dir(node) / "hooks.log"
+
     def daemon_log(self, daemon: str) -> Path:
         return self.logs / f"{daemon}.log"
 
@@ -96,15 +111,19 @@ class ClusterSpec:
     gpus_per_node: int = DEFAULT_GPUS
     port: int = DEFAULT_PORT
     user: str = field(default_factory=getpass.getuser)
-    prolog: str = ""
-    epilog: str = ""
-    health_check: str = ""
+    hooks_bin: str = ""      # directory holding recovery-prolog/-epilog/-healthcheck
+    fake_nvml: str = ""      # the fake libnvidia-ml.so.1 the hooks load instead of NVML
     spank_plugin: str = ""
     spank_args: str = ""
 
     @property
     def node_names(self) -> list[str]:
         return [f"node{i}" for i in range(1, self.nodes + 1)]
+
+    @property
+    def agent_port(self) -> int:
+        """Where the dev cluster's hooks expect the agent (which tests start)."""
+        return self.port + 90
 
     @property
     def ports(self) -> dict[str, int]:
@@ -117,8 +136,8 @@ class ClusterSpec:
     def comparable(self) -> dict:
         """What must match for a running cluster to be reused as it is."""
         return {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "port": self.port,
-                "prolog": self.prolog, "epilog": self.epilog,
-                "health_check": self.health_check, "spank_plugin": self.spank_plugin,
+                "hooks_bin": self.hooks_bin, "fake_nvml": self.fake_nvml,
+                "spank_plugin": self.spank_plugin,
                 "spank_args": self.spank_args}
 
 
@@ -126,12 +145,28 @@ def local_spec(nodes: int = DEFAULT_NODES, gpus_per_node: int = DEFAULT_GPUS,
                port: int = DEFAULT_PORT) -> ClusterSpec:
     """A spec wired to what this install has: the node hooks when their entry
     points are on PATH, the SPANK plugin when it is built in this checkout."""
-    plugin = Path(__file__).resolve().parents[2] / "spank" / "slurm_recovery.so"
+    checkout = Path(__file__).resolve().parents[2]
+    plugin = checkout / "spank" / "slurm_recovery.so"
+    nvml = checkout / "tests" / "fake_nvml" / "libnvidia-ml.so.1"
     return ClusterSpec(nodes=nodes, gpus_per_node=gpus_per_node, port=port,
-                       prolog=shutil.which("recovery-prolog") or "",
-                       epilog=shutil.which("recovery-epilog") or "",
-                       health_check=shutil.which("recovery-healthcheck") or "",
+                       hooks_bin=hooks_bin(), fake_nvml=str(nvml) if nvml.exists() else "",
                        spank_plugin=str(plugin) if plugin.exists() else "")
+
+
+HOOKS = {"prolog": "recovery-prolog", "epilog": "recovery-epilog",
+         "health": "recovery-healthcheck"}
+
+
+def hooks_bin() -> str:
+    """The directory of this install's hook entry points: beside the running
+    Python (a virtualenv's bin/), else wherever PATH finds them. Slurm runs
+    hooks with an empty PATH, so the dev cluster needs a real directory, not a
+    shim."""
+    here = Path(sys.executable).parent
+    if (here / HOOKS["prolog"]).exists():
+        return str(here)
+    found = shutil.which(HOOKS["prolog"])
+    return str(Path(found).parent) if found else ""
 
 
 def slurm_conf(spec: ClusterSpec, lay: Layout) -> str:
@@ -173,16 +208,14 @@ def slurm_conf(spec: ClusterSpec, lay: Layout) -> str:
         "SlurmctldTimeout=30",
         "SlurmdTimeout=30",
         "MessageTimeout=10",
-        "HealthCheckInterval=0" if not spec.health_check else "HealthCheckInterval=30",
     ]
     if spec.gpus_per_node:
         lines.append("GresTypes=gpu")
-    if spec.prolog:
-        lines += [f"Prolog={spec.prolog}", "PrologFlags=Alloc"]
-    if spec.epilog:
-        lines.append(f"Epilog={spec.epilog}")
-    if spec.health_check:
-        lines += [f"HealthCheckProgram={spec.health_check}", "HealthCheckNodeState=ANY"]
+    if spec.hooks_bin:
+        lines += [f"Prolog={lay.hook_wrapper('prolog')}", "PrologFlags=Alloc",
+                  f"Epilog={lay.hook_wrapper('epilog')}",
+                  f"HealthCheckProgram={lay.hook_wrapper('health')}",
+                  "HealthCheckInterval=60", "HealthCheckNodeState=ANY"]
     lines += [
         f"NodeName=node[1-{spec.nodes}] NodeHostname=localhost NodeAddr=127.0.0.1 "
         f"Port={first}-{last} CPUs=2 RealMemory={NODE_MEMORY_MB}{gres} State=UNKNOWN",
@@ -205,6 +238,36 @@ def plugstack_conf(spec: ClusterSpec) -> str:
     if spec.spank_plugin:
         return f"required {spec.spank_plugin} {spec.spank_args}".rstrip() + "\n"
     return "# no SPANK plugin built yet (make -C spank)\n"
+
+
+def agent_toml(spec: ClusterSpec, lay: Layout) -> str:
+    """The config the dev cluster's hooks read, and that an agent for this
+    cluster can be started with (RECOVERY_CONFIG=<state>/etc/recovery.toml)."""
+    node_dir = lay.root / "nodes" / "{node}"
+    return "\n".join([
+        "# Written by recovery-devcluster for this cluster's hooks and agent.",
+        "[agent]", f'cluster = "{CLUSTER_NAME}"', f'state_dir = "{lay.root / "agent"}"',
+        'poll_interval = "2s"',
+        "[scheduler]", 'backend = "cli"', f'slurm_conf = "{lay.slurm_conf}"',
+        "[api]", 'bind = "127.0.0.1"', f"port = {spec.agent_port}", 'auth = "munge"',
+        f'munge_socket = "{lay.munge_socket}"', f'hook_uids = "{os.getuid()}"',
+        "[hooks]", f'agent_url = "http://127.0.0.1:{spec.agent_port}"', 'timeout = "500ms"',
+        f'spool_dir = "{node_dir / "spool"}"', f'log_file = "{node_dir / "hooks.log"}"',
+        f'kernel_log = "file:{node_dir / "kern.log"}"', 'xid_window = "10m"',
+        f'nvml_library = "{spec.fake_nvml}"',
+        f'gpu_state_file = "{node_dir / "gpus.json"}"' if spec.fake_nvml
+        else 'gpu_state_file = ""',
+        f"expected_gpus = {spec.gpus_per_node}", 'preflight = "report"',
+        f'munge_socket = "{lay.munge_socket}"',
+        "[environments.default]", 'mode = "monitor"',
+    ]) + "\n"
+
+
+def hook_wrapper(spec: ClusterSpec, lay: Layout, hook: str) -> str:
+    """Slurm starts hooks with a bare environment: the wrapper names the config."""
+    return (f"#!/bin/sh\n# recovery-devcluster: run the {hook} hook with this cluster's "
+            f"config\nRECOVERY_CONFIG={lay.agent_config}\nexport RECOVERY_CONFIG\n"
+            f"exec {Path(spec.hooks_bin) / HOOKS[hook]} \"$@\"\n")
 
 
 def fake_gpus(node: str, count: int) -> dict:
@@ -238,6 +301,13 @@ def write_files(spec: ClusterSpec, lay: Layout) -> None:
     os.chmod(lay.run_dir, 0o755)
     os.chmod(lay.jobs, 0o1777)
     lay.slurm_conf.write_text(slurm_conf(spec, lay))
+    lay.agent_config.write_text(agent_toml(spec, lay))
+    if spec.hooks_bin:
+        (lay.root / "bin").mkdir(exist_ok=True)
+        for hook in HOOKS:
+            wrapper = lay.hook_wrapper(hook)
+            wrapper.write_text(hook_wrapper(spec, lay, hook))
+            wrapper.chmod(0o755)
     (lay.etc / "plugstack.conf").write_text(plugstack_conf(spec))
     if spec.gpus_per_node:
         (lay.etc / "gres.conf").write_text(gres_conf(spec, lay))

@@ -63,8 +63,32 @@ def m001_initial(db: Database) -> None:
                             "excluded_by_operator": 0})
 
 
+def m002_node_reports(db: Database) -> None:
+    """What the node hooks send: one row per report (idempotent by report id),
+    and the XIDs they found, tied to node, GPU and job."""
+    db["node_reports"].create({
+        "id": int, "report_id": str, "hook": str, "cluster": str, "node": str,
+        "job": int, "attempt": int, "created": float, "received": float,
+        "gpu_ok": int, "gpu_count": int, "gpus": str, "preflight": str,
+        "exit_code": int, "exit_signal": int, "sender_uid": int, "body": str,
+    }, pk="id", foreign_keys=[("job", "jobs", "id")],
+        not_null={"report_id", "hook", "node", "received"})
+    db["node_reports"].create_index(["report_id"], unique=True)
+    db["node_reports"].create_index(["node", "received"])
+    db["node_reports"].create_index(["job"])
+    db["xids"].create({
+        "id": int, "report": int, "job": int, "attempt": int, "node": str, "kind": str,
+        "xid": int, "pci": str, "gpu_index": int, "gpu_uuid": str, "time": float,
+        "message": str, "raw": str, "fingerprint": str,
+    }, pk="id", foreign_keys=[("report", "node_reports", "id"), ("job", "jobs", "id")],
+        not_null={"node", "xid", "fingerprint"})
+    db["xids"].create_index(["fingerprint", "job"], unique=True)
+    db["xids"].create_index(["node", "time"])
+
+
 MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("001_initial", m001_initial),
+    ("002_node_reports", m002_node_reports),
 ]
 
 

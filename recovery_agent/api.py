@@ -1,0 +1,93 @@
+"""The agent's HTTP service. For now: hook ingest at ``POST /v1/hooks/{hook}``.
+
+Each request carries ``Authorization: Munge <credential>``; the credential's
+payload is the SHA-256 of the body, so a report cannot be altered in flight or
+sent by a host without the cluster's munge key. Answers:
+
+* 201 stored, 200 already stored (a spool replay), 400 bad body (with the
+  reason), 401 bad/expired/replayed credential, 403 uid not allowed,
+  413 body too large.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from slurm_hooks import munge
+
+from .config import Config
+from .ingest import HOOKS, Ingest, ReportError, parse_body
+
+log = logging.getLogger(__name__)
+MAX_BODY = 4 * 1024 * 1024
+
+
+class Counters:
+    """Ingest counters, for tests, benchmarks and (later) /metrics."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.values: dict[str, int] = {}
+
+    def add(self, name: str) -> None:
+        with self.lock:
+            self.values[name] = self.values.get(name, 0) + 1
+
+
+def create_app(cfg: Config, ingest: Ingest) -> FastAPI:
+    app = FastAPI(title="slurm-recovery agent", version="0.1.0",
+                  description="Hook ingest for slurm-recovery.")
+    counters = Counters()
+    app.state.counters = counters
+    app.state.ingest = ingest
+
+    def refuse(status: int, reason: str, hook: str) -> JSONResponse:
+        counters.add(f"refused_{status}")
+        log.warning("refused %s report: %s %s", hook, status, reason)
+        return JSONResponse({"error": reason}, status_code=status)
+
+    def authenticate(request: Request, body: bytes, hook: str) -> tuple[int | None, str]:
+        if cfg.api.auth == "none":
+            return None, ""
+        header = request.headers.get("authorization", "")
+        scheme, _, cred = header.partition(" ")
+        if scheme.lower() != "munge" or not cred.strip():
+            return None, "missing 'Authorization: Munge <credential>' header"
+        try:
+            uid = munge.verify_body(cred.strip(), body, cfg.api.munge_socket)
+        except munge.MungeError as exc:
+            return None, f"munge: {exc}"
+        if uid not in cfg.allowed_hook_uids:
+            return uid, f"uid {uid} may not send hook reports"
+        return uid, ""
+
+    @app.get("/v1/health")
+    def health() -> dict:
+        """Liveness: the agent answers."""
+        return {"status": "ok"}
+
+    @app.post("/v1/hooks/{hook}")
+    async def hook_report(hook: str, request: Request) -> JSONResponse:
+        """Store one report from recovery-prolog, -epilog or -healthcheck."""
+        if hook not in HOOKS:
+            return refuse(404, f"unknown hook {hook!r}", hook)
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            return refuse(413, f"body over {MAX_BODY} bytes", hook)
+        uid, problem = authenticate(request, body, hook)
+        if problem:
+            return refuse(403 if uid is not None else 401, problem, hook)
+        try:
+            report = parse_body(hook, body)
+        except ReportError as exc:
+            return refuse(400, str(exc), hook)
+        stored = ingest.store_report(hook, report, sender_uid=uid)
+        counters.add("duplicate" if stored.duplicate else "stored")
+        return JSONResponse({"status": "duplicate" if stored.duplicate else "stored",
+                             "id": stored.row_id, "job": stored.job_row},
+                            status_code=200 if stored.duplicate else 201)
+
+    return app

@@ -1,0 +1,210 @@
+"""Hook reports in: validate a report, then store it whole or not at all.
+
+The HTTP layer (``recovery_agent.api``) only authenticates and hands the bytes
+here. A report is identified by its ``report_id``: a spooled report delivered
+twice is stored once.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from slurm_hooks import spec as specs
+
+from .errors import RecoveryError, SchedulerError
+from .scheduler.base import Job
+from .store import Store
+
+HOOKS = ("prolog", "epilog", "health")
+_ID = re.compile(r"[0-9a-f]{32}")
+_NODE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_JOB_ID = re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")
+MAX_GPUS = 64
+MAX_XIDS = 500
+
+
+class ReportError(RecoveryError):
+    """The report is malformed; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class StoredReport:
+    row_id: int
+    duplicate: bool
+    job_row: int | None
+
+
+def _want(obj: dict, key: str, kinds: tuple, where: str, required: bool = True) -> Any:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise ReportError(f"{where}{key}: missing")
+        return None
+    if isinstance(value, bool) and bool not in kinds:
+        raise ReportError(f"{where}{key}: expected {kinds[0].__name__}, got a boolean")
+    if not isinstance(value, kinds):
+        raise ReportError(f"{where}{key}: expected {kinds[0].__name__}, "
+                          f"got {type(value).__name__}")
+    return value
+
+
+def validate(hook: str, report: Any) -> dict:
+    """Check a decoded report; return it, or raise ReportError naming the field."""
+    if hook not in HOOKS:
+        raise ReportError(f"unknown hook {hook!r} (expected one of {', '.join(HOOKS)})")
+    if not isinstance(report, dict):
+        raise ReportError("report: expected a JSON object")
+    if _want(report, "version", (int,), "") != 1:
+        raise ReportError(f"version: unsupported report version {report['version']!r}")
+    if _want(report, "hook", (str,), "") != hook:
+        raise ReportError(f"hook: report says {report['hook']!r} but was sent to /{hook}")
+    if not _ID.fullmatch(_want(report, "report_id", (str,), "")):
+        raise ReportError("report_id: expected 32 lowercase hex digits")
+    if not _NODE.fullmatch(_want(report, "node", (str,), "")):
+        raise ReportError(f"node: invalid node name {report['node']!r}")
+    _want(report, "cluster", (str,), "")
+    _want(report, "created", (int, float), "")
+    job = _want(report, "job", (dict,), "", required=hook != "health")
+    if job is not None:
+        if not _JOB_ID.fullmatch(_want(job, "job_id", (str,), "job.")):
+            raise ReportError(f"job.job_id: invalid job id {job['job_id']!r}")
+        attempt = _want(job, "attempt", (int,), "job.")
+        if attempt < 0:
+            raise ReportError("job.attempt: must not be negative")
+        if len(_want(job, "spec", (str,), "job.")) > 4 * specs.MAX_LENGTH:
+            raise ReportError("job.spec: far too long")
+    gpus = _want(report, "gpus", (dict,), "")
+    devices = _want(gpus, "gpus", (list,), "gpus.")
+    if len(devices) > MAX_GPUS:
+        raise ReportError(f"gpus.gpus: more than {MAX_GPUS} GPUs")
+    for i, gpu in enumerate(devices):
+        if not isinstance(gpu, dict):
+            raise ReportError(f"gpus.gpus[{i}]: expected an object")
+        _want(gpu, "index", (int,), f"gpus.gpus[{i}].")
+    xids = _want(report, "xids", (list,), "")
+    if len(xids) > MAX_XIDS:
+        raise ReportError(f"xids: more than {MAX_XIDS} entries")
+    for i, xid in enumerate(xids):
+        if not isinstance(xid, dict):
+            raise ReportError(f"xids[{i}]: expected an object")
+        _want(xid, "xid", (int,), f"xids[{i}].")
+        _want(xid, "raw", (str,), f"xids[{i}].")
+    if hook == "epilog":
+        _want(report, "exit", (dict,), "")
+    return report
+
+
+def parse_body(hook: str, body: bytes) -> dict:
+    try:
+        decoded = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ReportError(f"body is not JSON: {exc}") from None
+    return validate(hook, decoded)
+
+
+class Ingest:
+    """Stores validated reports. ``job_lookup`` finds the scheduler's record of
+    a job (for its submit time, which completes the job's identity); it may
+    fail, and then the newest stored job of that id is used."""
+
+    def __init__(self, store: Store, cluster: str,
+                 job_lookup: Callable[[str], Job | None] | None = None) -> None:
+        self.store = store
+        self.cluster = cluster
+        self.job_lookup = job_lookup
+        self._lock = threading.Lock()
+
+    def _job(self, cluster: str, node: str, job: dict, hook: str) -> tuple[int, int]:
+        try:
+            spec, problem = specs.parse(job["spec"]), ""
+        except specs.SpecError as exc:
+            # the comment form is not checked at submit time: watch, never act
+            spec, problem = specs.RecoverySpec(mode="monitor"), str(exc)
+        found = None
+        if self.job_lookup is not None:
+            try:
+                found = self.job_lookup(job["job_id"])
+            except (SchedulerError, RecoveryError):
+                found = None
+        if found is None:
+            existing = self.store.find_job(cluster, job["job_id"])
+            found = Job(job_id=job["job_id"], numeric_id=int(job["job_id"].split("_")[0]),
+                        submit_time=existing["submit_time"] if existing else 0,
+                        state="RUNNING" if hook == "prolog" else "UNKNOWN")
+        attempt = job["attempt"]
+        newest = replace(found, restart_count=max(found.restart_count, attempt))
+        pk = self.store.record_job(newest, cluster=cluster, env=spec.env,
+                                   mode=spec.mode or "", spec=spec.canonical())
+        # the hook's own count names the attempt: a late epilog belongs to its attempt
+        self.store.record_attempt(pk, replace(found, restart_count=attempt))
+        if problem:
+            self.store.add_event(pk, "spec_invalid", f"invalid recovery spec "
+                                 f"{job['spec'][:80]!r}: {problem}; monitoring only",
+                                 attempt=attempt, source=f"hooks/{node}")
+        return pk, attempt
+
+    def store_report(self, hook: str, report: dict, sender_uid: int | None = None) -> StoredReport:
+        """Store one validated report atomically; a known report_id is a no-op."""
+        db = self.store.db
+        with self._lock, db.atomic():
+            existing = list(db["node_reports"].rows_where("report_id = ?",
+                                                          [report["report_id"]], limit=1))
+            if existing:
+                return StoredReport(existing[0]["id"], True, existing[0]["job"])
+            cluster = report["cluster"] or self.cluster
+            job_pk = attempt = None
+            if report.get("job"):
+                job_pk, attempt = self._job(cluster, report["node"], report["job"], hook)
+            row = self._report_row(hook, report, cluster, job_pk, attempt, sender_uid)
+            report_pk = db["node_reports"].insert(row).last_pk
+            self._store_xids(report, report_pk, job_pk, attempt)
+            self._node_health(report)
+            if job_pk is not None:
+                self.store.add_event(job_pk, f"hook_{hook}",
+                                     f"{hook} report from {report['node']}",
+                                     attempt=attempt, source="hooks",
+                                     data={"report": report["report_id"],
+                                           "xids": len(report["xids"]),
+                                           "gpus": report["gpus"].get("count")})
+        return StoredReport(report_pk, False, job_pk)
+
+    def _report_row(self, hook, report, cluster, job_pk, attempt, sender_uid) -> dict:
+        gpus = report["gpus"]
+        exit_info = report.get("exit") or {}
+        return {"report_id": report["report_id"], "hook": hook, "cluster": cluster,
+                "node": report["node"], "job": job_pk, "attempt": attempt,
+                "created": report["created"], "received": time.time(),
+                "gpu_ok": int(bool(gpus.get("ok"))), "gpu_count": len(gpus["gpus"]),
+                "gpus": json.dumps(gpus["gpus"]),
+                "preflight": json.dumps(report.get("preflight")),
+                "exit_code": exit_info.get("code"), "exit_signal": exit_info.get("signal"),
+                "sender_uid": sender_uid, "body": json.dumps(report)}
+
+    def _store_xids(self, report: dict, report_pk: int, job_pk, attempt) -> None:
+        by_pci = {str(g.get("pci_short", "")).lower(): g for g in report["gpus"]["gpus"]}
+        for xid in report["xids"]:
+            pci = str(xid.get("pci") or "").lower()
+            gpu = by_pci.get(pci, {})
+            fingerprint = hashlib.sha1(f"{report['node']}\0{xid['raw']}".encode()).hexdigest()
+            self.store.db["xids"].insert({
+                "report": report_pk, "job": job_pk, "attempt": attempt,
+                "node": report["node"], "kind": xid.get("kind", "xid"), "xid": xid["xid"],
+                "pci": pci, "gpu_index": gpu.get("index"), "gpu_uuid": gpu.get("uuid"),
+                "time": xid.get("time"), "message": xid.get("message"), "raw": xid["raw"],
+                "fingerprint": fingerprint,
+            }, ignore=True)
+
+    def _node_health(self, report: dict) -> None:
+        gpus = report["gpus"]
+        summary = {"hook": report["hook"], "time": report["created"], "ok": gpus.get("ok"),
+                   "count": len(gpus["gpus"]), "error": gpus.get("error"),
+                   "xids": sorted({x["xid"] for x in report["xids"]}),
+                   "preflight": (report.get("preflight") or {}).get("verdict")}
+        self.store.db["nodes"].upsert({"name": report["node"], "cluster": report["cluster"],
+                                       "last_health": json.dumps(summary),
+                                       "updated": time.time()}, pk="name")

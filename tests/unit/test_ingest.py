@@ -1,0 +1,160 @@
+"""Hook ingest: validation, atomic storage, idempotent replays, via the HTTP app."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from recovery_agent.api import create_app
+from recovery_agent.config import from_mapping
+from recovery_agent.ingest import Ingest, ReportError, validate
+from recovery_agent.scheduler.base import Job
+from recovery_agent.store import Store
+
+GPU0 = {"index": 0, "uuid": "GPU-aaaa", "name": "NVIDIA H100", "pci_bus_id": "00000000:3B:00.0",
+        "pci_short": "0000:3b:00", "lost": False, "errors": {}}
+GPU1 = dict(GPU0, index=1, uuid="GPU-bbbb", pci_bus_id="00000000:5E:00.0", pci_short="0000:5e:00")
+XID79 = {"xid": 79, "kind": "xid", "pci": "0000:5e:00", "time": 1_800_000_100.0,
+         "message": "GPU has fallen off the bus.",
+         "raw": "2027-01-15T08:01:40+0000 node2 kernel: NVRM: Xid (PCI:0000:5e:00): 79, "
+                "pid=1, name=python, GPU has fallen off the bus."}
+
+
+def report(hook="prolog", **over) -> dict:
+    body = {"version": 1, "hook": hook, "report_id": "0" * 31 + "1", "created": 1_800_000_000.0,
+            "cluster": "c1", "node": "node2",
+            "job": {"job_id": "1234", "attempt": 0, "spec": "prod:action", "user": "alice"},
+            "gpus": {"ok": True, "error": None, "count": 2, "gpus": [GPU0, GPU1]},
+            "xids": [], "preflight": {"mode": "report", "verdict": "ok", "faults": []}}
+    if hook == "epilog":
+        body["exit"] = {"code": 1, "signal": None}
+    body.update(over)
+    return body
+
+
+@pytest.fixture
+def app(tmp_path):
+    store = Store(tmp_path / "r.db")
+    cfg = from_mapping({"api": {"auth": "none"}, "agent": {"cluster": "c1"}})
+    jobs = {"1234": Job(job_id="1234", numeric_id=1234, state="RUNNING",
+                        submit_time=1_799_999_000, nodes=("node1", "node2"))}
+    ingest = Ingest(store, "c1", job_lookup=lambda job_id: jobs.get(job_id))
+    client = TestClient(create_app(cfg, ingest))
+    client.store = store
+    return client
+
+
+def post(client, hook, body):
+    return client.post(f"/v1/hooks/{hook}", content=json.dumps(body).encode())
+
+
+def test_prolog_registers_job_attempt_and_snapshot(app):
+    resp = post(app, "prolog", report())
+    assert resp.status_code == 201, resp.text
+    job = app.store.find_job("c1", "1234")
+    assert job["submit_time"] == 1_799_999_000  # identity completed from the scheduler
+    assert (job["env"], job["mode"], job["spec"]) == ("prod", "action", "prod:action")
+    assert [a["attempt"] for a in app.store.attempts(job["id"])] == [0]
+    row = next(app.store.db["node_reports"].rows)
+    assert row["node"] == "node2" and row["gpu_count"] == 2 and row["job"] == job["id"]
+    assert json.loads(row["gpus"])[1]["uuid"] == "GPU-bbbb"
+    health = json.loads(app.store.db["nodes"].get("node2")["last_health"])
+    assert health["ok"] and health["count"] == 2
+    assert [e["kind"] for e in app.store.timeline(job["id"])] == ["hook_prolog"]
+
+
+def test_xid_is_tied_to_node_gpu_and_job(app):
+    assert post(app, "epilog", report("epilog", xids=[XID79])).status_code == 201
+    (xid,) = list(app.store.db["xids"].rows)
+    assert (xid["node"], xid["xid"], xid["gpu_index"], xid["gpu_uuid"]) == \
+        ("node2", 79, 1, "GPU-bbbb")
+    assert xid["job"] == app.store.find_job("c1", "1234")["id"]
+    assert next(app.store.db["node_reports"].rows)["exit_code"] == 1
+
+
+def test_duplicate_delivery_is_idempotent(app):
+    body = report("epilog", xids=[XID79])
+    assert post(app, "epilog", body).status_code == 201
+    again = post(app, "epilog", body)
+    assert again.status_code == 200 and again.json()["status"] == "duplicate"
+    assert app.store.db["node_reports"].count == 1 and app.store.db["xids"].count == 1
+
+
+def test_same_kernel_line_in_two_reports_is_one_xid_per_job(app):
+    post(app, "prolog", report(xids=[XID79]))
+    post(app, "epilog", report("epilog", report_id="0" * 31 + "2", xids=[XID79]))
+    assert app.store.db["node_reports"].count == 2 and app.store.db["xids"].count == 1
+
+
+def test_array_task_and_later_attempt(app):
+    body = report(job={"job_id": "1200_7", "attempt": 2, "spec": "lab", "user": "bob"})
+    assert post(app, "prolog", body).status_code == 201
+    job = app.store.find_job("c1", "1200_7")
+    assert job["restart_count"] == 2 and job["env"] == "lab" and job["mode"] == ""
+    assert [a["attempt"] for a in app.store.attempts(job["id"])] == [2]
+
+
+def test_invalid_comment_spec_is_flagged_and_only_monitored(app):
+    body = report(job={"job_id": "1234", "attempt": 0, "spec": "prod:yolo", "user": "a"})
+    assert post(app, "prolog", body).status_code == 201
+    job = app.store.find_job("c1", "1234")
+    assert (job["env"], job["mode"]) == ("default", "monitor")
+    (flag,) = [e for e in app.store.timeline(job["id"]) if e["kind"] == "spec_invalid"]
+    assert "invalid mode 'yolo'" in flag["message"]
+
+
+def test_health_report_needs_no_job(app):
+    body = report("health", job=None)
+    body.pop("preflight")
+    assert post(app, "health", body).status_code == 201
+    assert app.store.db["jobs"].count == 0
+
+
+BAD = [
+    ({"version": 2}, "version"),
+    ({"hook": "epilog"}, "hook"),
+    ({"report_id": "not-hex"}, "report_id"),
+    ({"node": "node;rm -rf /"}, "node"),
+    ({"node": None}, "node: missing"),
+    ({"job": {"job_id": "12x", "attempt": 0, "spec": ""}}, "job.job_id"),
+    ({"job": {"job_id": "12", "attempt": -1, "spec": ""}}, "job.attempt"),
+    ({"job": {"job_id": "12", "attempt": True, "spec": ""}}, "job.attempt"),
+    ({"job": {"job_id": "12", "attempt": 0, "spec": "x" * 3000}}, "job.spec"),
+    ({"gpus": {"ok": True, "gpus": [{"index": "0"}]}}, "gpus.gpus[0].index"),
+    ({"gpus": []}, "gpus"),
+    ({"xids": [{"xid": "79", "raw": "x"}]}, "xids[0].xid"),
+    ({"xids": [{"xid": 79}]}, "xids[0].raw"),
+]
+
+
+@pytest.mark.parametrize("change, field", BAD, ids=[f for _, f in BAD])
+def test_bad_reports_are_refused_whole(app, change, field):
+    body = report(xids=[XID79])
+    body.update(change)
+    resp = post(app, "prolog", body)
+    assert resp.status_code == 400 and field in resp.json()["error"]
+    for table in ("jobs", "attempts", "node_reports", "xids", "events"):
+        assert app.store.db[table].count == 0, f"{table} was half-stored"
+
+
+def test_not_json_and_unknown_hook(app):
+    assert app.post("/v1/hooks/prolog", content=b"\xff\xfe{").status_code == 400
+    assert post(app, "teardown", report()).status_code == 404
+
+
+def test_munge_auth_is_required_by_default(tmp_path):
+    client = TestClient(create_app(from_mapping({}), Ingest(Store(tmp_path / "r.db"), "c1")))
+    resp = post(client, "prolog", report())
+    assert resp.status_code == 401 and "Munge" in resp.json()["error"]
+    resp = client.post("/v1/hooks/prolog", content=b"{}",
+                       headers={"Authorization": "Munge not-a-credential"})
+    assert resp.status_code == 401 and resp.json()["error"].startswith("munge:")
+
+
+def test_validate_rejects_non_objects():
+    with pytest.raises(ReportError):
+        validate("prolog", [report()])
+    with pytest.raises(ReportError):
+        validate("prolog", copy.deepcopy(report(gpus={"gpus": [GPU0] * 65})))
