@@ -12,7 +12,7 @@ TEST_STATE_DIR ?= /tmp/recovery-test-cluster-$(UID)
 TEST_PORT      ?= 26817
 PYTEST_ARGS    ?=
 
-APT_PACKAGES := slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev \
+APT_PACKAGES := slurm-wlm slurmctld slurmd slurm-client munge libmunge2 libslurm-dev \
                 gcc make python3-venv python3-dev
 
 export PATH := $(BIN):$(PATH)
@@ -40,6 +40,8 @@ $(VENV)/.installed: pyproject.toml
 	@touch $@
 
 build: deps
+	$(MAKE) -s -C spank
+	PATH=$(BIN):$$PATH $(MAKE) -s -C tests/fake_nvml
 
 test: deps build
 	@$(BIN)/recovery-devcluster up --state-dir $(TEST_STATE_DIR) --port $(TEST_PORT)
@@ -60,3 +62,4 @@ down:
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+	$(MAKE) -s -C spank clean

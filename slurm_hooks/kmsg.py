@@ -264,25 +264,19 @@ def read_xids(source: str, since: float | None, limit_lines: int = DEFAULT_LIMIT
     Raises KernelLogError when the source cannot be read at all.
     """
     if source.startswith("file:"):
-        raw_lines = _file_lines(source, source[5:], tail_bytes)
+        data = _file_data(source, source[5:], tail_bytes)
     elif source == "kmsg":
-        raw_lines = _kmsg_lines(source, KMSG_PATH, limit_lines)
+        data = _kmsg_data(source, KMSG_PATH, limit_lines)
     elif source == "journal":
-        raw_lines = _journal_lines(source, since, limit_lines)
+        data = _journal_data(source, since, limit_lines)
     else:
         raise KernelLogError(source, "unknown source (expected journal, kmsg or file:PATH)")
-    return _events(raw_lines[-limit_lines:], since, max_line)
-
-
-def _events(raw_lines: list[bytes], since: float | None, max_line: int) -> list[dict]:
     cutoff = None if since is None else float(int(since))
     events = []
-    for raw in raw_lines:
-        if b"Xid" not in raw:
-            continue
+    for raw in _xid_lines(data, limit_lines):
         if b"\x00" in raw:
             raw = raw.replace(b"\x00", b"")
-        line = raw[:max_line].decode("utf-8", errors="replace").rstrip("\r\n")
+        line = raw[:max_line].decode("utf-8", errors="replace").rstrip("\r")
         event = parse_xid(line)
         if event is None:
             continue
@@ -294,27 +288,50 @@ def _events(raw_lines: list[bytes], since: float | None, max_line: int) -> list[
     return events
 
 
-def _file_lines(source: str, path: str, tail_bytes: int) -> list[bytes]:
+def _xid_lines(data: bytes, limit_lines: int):
+    """The lines holding "Xid" among the last ``limit_lines`` lines of ``data``.
+
+    Searching the whole buffer for "Xid" and cutting out just those lines is
+    several times faster than splitting megabytes into lines first.
+    """
+    end = len(data) - 1 if data.endswith(b"\n") else len(data)
+    start = 0
+    if limit_lines <= 0:
+        return
+    if data.count(b"\n", 0, end) >= limit_lines:
+        start = end
+        for _ in range(limit_lines):
+            start = data.rfind(b"\n", 0, start)
+        start += 1
+    pos = data.find(b"Xid", start, end)
+    while pos >= 0:
+        first = max(data.rfind(b"\n", start, pos) + 1, start)
+        last = data.find(b"\n", pos, end)
+        last = end if last < 0 else last
+        yield data[first:last]
+        pos = data.find(b"Xid", last, end)
+
+
+def _file_data(source: str, path: str, tail_bytes: int) -> bytes:
     if not path:
         raise KernelLogError(source, "no path after file:")
+    tail_bytes = max(tail_bytes, 1)
     try:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
-            start = max(0, size - max(tail_bytes, 1))
+            start = max(0, size - tail_bytes)
             if start:
                 fh.seek(start)
-            data = fh.read(max(tail_bytes, 1))
+            data = fh.read(tail_bytes)
     except OSError as exc:
         raise KernelLogError(source, exc.strerror or str(exc)) from None
-    lines = data.split(b"\n")
-    if lines and not lines[-1]:
-        lines.pop()         # the file ends with a newline
-    if start and lines:
-        lines = lines[1:]   # began mid-line
-    return lines
+    if start:
+        cut = data.find(b"\n")   # began mid-line: drop that part line
+        data = data[cut + 1:] if cut >= 0 else b""
+    return data
 
 
-def _kmsg_lines(source: str, path: str, limit_lines: int) -> list[bytes]:
+def _kmsg_data(source: str, path: str, limit_lines: int) -> bytes:
     """Every record now in the kernel ring buffer, without ever blocking.
 
     Each read() of /dev/kmsg returns one record: ``prio,seq,usec,flags;text``
@@ -350,10 +367,10 @@ def _kmsg_lines(source: str, path: str, limit_lines: int) -> list[bytes]:
         os.close(fd)
     if pending and not pending.startswith(b" "):
         lines.append(pending)
-    return lines
+    return b"\n".join(lines[-limit_lines:])
 
 
-def _journal_lines(source: str, since: float | None, limit_lines: int) -> list[bytes]:
+def _journal_data(source: str, since: float | None, limit_lines: int) -> bytes:
     import subprocess   # only this source needs it
     argv = [JOURNALCTL, "-k", "-o", "short-iso", "--no-pager", "-n", str(limit_lines)]
     if since is not None:
@@ -370,4 +387,4 @@ def _journal_lines(source: str, since: float | None, limit_lines: int) -> list[b
         detail = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
         raise KernelLogError(source, f"journalctl exited {done.returncode}"
                              + (f": {detail[-1][:200]}" if detail else ""))
-    return done.stdout.split(b"\n")
+    return done.stdout

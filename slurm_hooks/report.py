@@ -73,8 +73,7 @@ def exit_status(environ: Mapping[str, str]) -> dict:
 def preflight(cfg: Config, gpus: dict, xids: list[dict]) -> dict:
     """Critical GPU faults that make this node unfit to start a job."""
     faults = []
-    fatal = sorted({x["xid"] for x in xids if x.get("kind", "xid") == "xid"
-                    and x["xid"] in kmsg.FATAL_XIDS})
+    fatal = sorted({x["xid"] for x in xids if kmsg.is_fatal(x)})
     if fatal:
         faults.append(f"fatal XID(s) in the kernel log: {', '.join(map(str, fatal))}")
     expected = cfg.hooks.expected_gpus
@@ -139,7 +138,7 @@ def build_report(hook: str, cfg: Config, environ: Mapping[str, str], node: str,
             # only XIDs recent enough to matter to this job travel with the report
             report["xids"] = [x for x in xids if x.get("time") is None
                               or x["time"] >= now - cfg.hooks.xid_window
-                              or x["xid"] in kmsg.FATAL_XIDS]
+                              or kmsg.is_fatal(x)]
     return report
 
 

@@ -2,18 +2,21 @@
  * slurm_recovery.c - the --recovery[=SPEC] job directive, as a SPANK plugin.
  *
  * On the submit host (sbatch, salloc, srun) the directive is checked with the
- * rules of slurm_hooks/spec.py; a bad one is refused with one error line and
- * nothing is queued. In the job step (slurmstepd) its canonical form is put in
- * the job environment as SLURM_RECOVERY. Jobs without --recovery are left alone.
+ * rules of slurm_hooks/spec.py; a bad one is refused and nothing is queued.
+ * In slurmstepd its canonical form goes into the job environment as
+ * SLURM_RECOVERY. Jobs without --recovery are left alone.
  *
  * Plugstack arguments:
  *   default_env=NAME              environment of a spec that names none
  *   default_mode=monitor|action   mode of a spec that names none
  *   allowed_envs=a,b,c            refuse any other environment
  *
- * Observed on Slurm 22.05.8 (prolog and epilog environment, raw user text):
+ * Seen live on Slurm 22.05.8. Prolog/epilog environment, the raw user text:
  *   --recovery              SPANK__SLURM_SPANK_OPTION_slurm_recovery_recovery=(null)
+ *   --recovery=             SPANK__SLURM_SPANK_OPTION_slurm_recovery_recovery=
  *   --recovery=prod:action  SPANK__SLURM_SPANK_OPTION_slurm_recovery_recovery=prod:action
+ * The job itself gets the same value as SLURM_SPANK__SLURM_SPANK_OPTION_...,
+ * and Slurm prints its own "Invalid --recovery argument: X" after our error.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -57,9 +60,7 @@ struct spec {
 static char err_msg[256];	/* why the last parse failed */
 static char exported[2 * MAX_SPEC];	/* canonical spec of this job, if any */
 
-static int refuse(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static int refuse(const char *fmt, ...)
+__attribute__((format(printf, 1, 2))) static int refuse(const char *fmt, ...)
 {
 	va_list ap;
 
@@ -73,8 +74,8 @@ static int refuse(const char *fmt, ...)
 static const char *show(const char *s, size_t len)
 {
 	static char out[2 * SHOW_MAX + 8];
-	char q = (memchr(s, '\'', len) && !memchr(s, '"', len)) ? '"' : '\'';
 	size_t keep = len > SHOW_MAX ? SHOW_MAX - 3 : len, o = 0;
+	char q = (memchr(s, '\'', keep) && !memchr(s, '"', keep)) ? '"' : '\'';
 
 	out[o++] = q;
 	for (size_t i = 0; i < keep; i++) {
@@ -104,13 +105,6 @@ static int all_in(const char *s, size_t len, const char *extra)
 	return 1;
 }
 
-static int all_digits(const char *s, size_t min, size_t max)
-{
-	size_t len = strlen(s);
-
-	return len >= min && len <= max && strspn(s, "0123456789") == len;
-}
-
 static int valid_env(const char *s)
 {
 	size_t len = strlen(s);
@@ -131,12 +125,13 @@ static int check_text(const char *text)
 	for (p = (const unsigned char *)text; *p; p++) {
 		if (*p > ' ' && *p <= '~')
 			continue;
+		if (*p == ' ')
+			return refuse("invalid character ' ' in spec");
 		if (*p == '\t' || *p == '\n' || *p == '\r')
 			return refuse("invalid character '\\%c' in spec",
 				      *p == '\t' ? 't' : *p == '\n' ? 'n' : 'r');
-		if (*p <= ' ' || *p == 0x7F || *p < 0xC0)
-			return refuse(*p == ' ' ? "invalid character ' ' in spec" :
-				      "invalid character '\\x%02x' in spec", *p);
+		if (*p < 0xC0)
+			return refuse("invalid character '\\x%02x' in spec", *p);
 		for (len = 1; (p[len] & 0xC0) == 0x80; len++)
 			;
 		return refuse("invalid character '%.*s' in spec", (int)len, (const char *)p);
@@ -218,7 +213,8 @@ static int parse_value(size_t key, const char *v, struct spec *sp)
 		return refuse("empty value for %s", KEYS[key]);
 	switch (key) {
 	case 0:
-		if (!all_digits(v, 1, 4) || strtol(v, NULL, 10) > 1000)
+		if (strlen(v) > 4 || strspn(v, "0123456789") != strlen(v) ||
+		    strtol(v, NULL, 10) > 1000)
 			return refuse("invalid max-restarts %s (an integer 0-1000)",
 				      show(v, strlen(v)));
 		sp->restarts = strtol(v, NULL, 10);

@@ -7,8 +7,10 @@ There is no fallback to a mock: without Slurm these tests error out.
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 import time
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -32,8 +34,22 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str,
     pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def build_native_parts() -> None:
+    """The SPANK plugin and the fake NVML must exist before the cluster is
+    configured (`make test` builds them first; this covers a bare pytest run)."""
+    for folder in ("spank", "tests/fake_nvml"):
+        result = subprocess.run(["make", "-s", "-C", str(REPO / folder)], capture_output=True,
+                                text=True, timeout=300)
+        if result.returncode != 0:
+            pytest.fail(f"make -C {folder} failed:\n{result.stdout}{result.stderr}")
+
+
 @pytest.fixture(scope="session")
 def devcluster():
+    build_native_parts()
     state_dir = os.environ.get("RECOVERY_DEVCLUSTER_DIR") or tempfile.mkdtemp(
         prefix="recovery-test-cluster-")
     cluster = DevCluster(state_dir)

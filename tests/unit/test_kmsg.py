@@ -102,18 +102,20 @@ def test_every_kernel_xid_line_in_the_corpus_parses():
     assert checked >= 20
 
 
-def test_is_fatal_reads_severity_and_recovery_action():
-    def ev(text):
-        return parse_xid(text)
-    assert kmsg.is_fatal(ev("NVRM: Xid (PCI:0000:91:00): 79, pid=1, name=x, GPU has fallen off the bus."))
-    assert not kmsg.is_fatal(ev("NVRM: Xid (PCI:0000:cb:00): 13, pid=1, name=x, Graphics SM Warp"))
-    assert kmsg.is_fatal(ev("NVRM: Xid (PCI:0009:01:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 01"))
-    assert not kmsg.is_fatal(ev("NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13"))
-    assert kmsg.is_fatal(ev("NVRM: Xid (PCI:0019:01:00): 154, GPU recovery action changed from "
-                            "0x4 (Drain and Reset) to 0x1 (GPU Reset Required)"))
-    assert not kmsg.is_fatal(ev("NVRM: Xid (PCI:0019:01:00): 154, GPU recovery action changed "
-                                "from 0x1 (GPU Reset Required) to 0x0 (None)"))
-    assert kmsg.is_fatal(ev("nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48"))
+@pytest.mark.parametrize("line, fatal", [
+    ("NVRM: Xid (PCI:0000:91:00): 79, pid=1, name=x, GPU has fallen off the bus.", True),
+    ("NVRM: Xid (PCI:0000:cb:00): 13, pid=1, name=x, Graphics SM Warp Exception", False),
+    ("NVRM: Xid (PCI:0009:01:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 01", True),
+    ("NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13", False),
+    ("NVRM: Xid (PCI:0019:01:00): 154, GPU recovery action changed from 0x4 (Drain and "
+     "Reset) to 0x1 (GPU Reset Required)", True),
+    ("NVRM: Xid (PCI:0019:01:00): 154, GPU recovery action changed from 0x1 (GPU Reset "
+     "Required) to 0x0 (None)", False),
+    ("nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up", True),
+    ("nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 20034, Severity 1 Engine instance 60", False),
+])
+def test_is_fatal_reads_severity_and_recovery_action(line, fatal):
+    assert kmsg.is_fatal(parse_xid(line)) is fatal
 
 
 # -- FATAL_XIDS ----------------------------------------------------------------
@@ -171,7 +173,8 @@ def test_boot_relative_stamps():
     assert parse_time("6,1234,5678901234,-;NVRM: Xid ...", boot=boot) == \
         pytest.approx(boot + 5678.901234)
     assert parse_time("4,99,12000000,c,caller=T1;NVRM: x", boot=boot) == pytest.approx(boot + 12)
-    assert parse_time("[12345.678901] NVRM: Xid ...", boot=boot) == pytest.approx(boot + 12345.678901)
+    assert parse_time("[12345.678901] NVRM: Xid ...", boot=boot) == \
+        pytest.approx(boot + 12345.678901)
     assert parse_time("[    3.500000] x", boot=boot) == pytest.approx(boot + 3.5)
 
 

@@ -1,0 +1,3 @@
+from .agent import main
+
+main(prog_name="recovery-agent")

@@ -1,0 +1,134 @@
+"""Issue 3 end to end on the dev cluster: opt-in jobs register through the real
+Prolog/Epilog hooks (fake NVML underneath pynvml), XIDs land tied to node, GPU
+and job, and reports spool while the agent is down."""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.integration.conftest import wait_for
+
+pytestmark = pytest.mark.live
+
+
+class AgentProcess:
+    """recovery-agent started from the dev cluster's own recovery.toml."""
+
+    def __init__(self, cluster) -> None:
+        self.cluster = cluster
+        self.config = cluster.lay.agent_config
+        self.port = int(next(l.split("=")[1] for l in self.config.read_text().splitlines()
+                             if l.startswith("port =")))
+        self.db = cluster.lay.root / "agent" / "recovery.db"
+        self.log = cluster.lay.logs / "agent.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = dict(os.environ, RECOVERY_CONFIG=str(self.config))
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "recovery_agent"], env=env,
+                                         stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+        wait_for(self.healthy, 30, "agent answering /v1/health")
+
+    def healthy(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            pytest.fail(f"agent exited: {self.log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/health",
+                                        timeout=1) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=15)
+        self.proc = None
+
+    def query(self, sql: str, *args) -> list[tuple]:
+        with sqlite3.connect(self.db, timeout=10) as conn:
+            return conn.execute(sql, args).fetchall()
+
+
+@pytest.fixture(scope="module")
+def agent(devcluster):
+    a = AgentProcess(devcluster)
+    a.start()
+    yield a
+    a.stop()
+
+
+def job_row(agent, job_id: str):
+    rows = agent.query("select id, env, mode, spec from jobs where job_id = ?", job_id)
+    return rows[0] if rows else None
+
+
+def reports_for(agent, job_pk: int, hook: str) -> list[tuple]:
+    return agent.query("select node, gpu_count, gpus from node_reports "
+                       "where job = ? and hook = ? order by node", job_pk, hook)
+
+
+def test_opted_in_job_registers_with_every_nodes_gpus(agent, submit, devcluster):
+    job_id = submit("-N2", "--recovery=prod:action", script="sleep 1")
+    row = wait_for(lambda: job_row(agent, job_id), 30, "job registered by the prolog")
+    assert row[1:] == ("prod", "action", "prod:action")
+    prologs = wait_for(lambda: (r := reports_for(agent, row[0], "prolog")) and len(r) == 2
+                       and r, 30, "a prolog report from both nodes")
+    gpus_per_node = len(json.loads((devcluster.lay.gpu_state("node1")).read_text())["gpus"])
+    for node, count, gpus in prologs:
+        assert count == gpus_per_node
+        uuids = {g["uuid"] for g in json.loads(gpus)}
+        expected = {g["uuid"] for g in json.loads(devcluster.lay.gpu_state(node).read_text())
+                    ["gpus"]}
+        assert uuids == expected, f"{node} reported other GPUs than its state file"
+    wait_for(lambda: len(reports_for(agent, row[0], "epilog")) == 2, 60, "epilog reports")
+
+
+def test_job_without_opt_in_leaves_no_trace(agent, submit):
+    job_id = submit("-N1", script="true")
+    marker = submit("-N1", "--comment=recovery=lab", script="true")
+    wait_for(lambda: job_row(agent, marker), 30, "comment-form job registered")
+    assert job_row(agent, job_id) is None
+
+
+def test_injected_xid_is_tied_to_node_gpu_and_job(agent, submit, devcluster):
+    job_id = submit("-N1", "-w", "node2", "--recovery=prod", script="sleep 4")
+    row = wait_for(lambda: job_row(agent, job_id), 30, "job registered")
+    result = subprocess.run([sys.executable, "-m", "recovery_agent.devcluster", "inject", "xid",
+                             "--node", "node2", "--gpu", "1", "--xid", "79",
+                             "--state-dir", str(devcluster.lay.root)],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    gpu1 = json.loads(devcluster.lay.gpu_state("node2").read_text())["gpus"][1]
+    xid = wait_for(lambda: agent.query(
+        "select node, gpu_index, gpu_uuid, job from xids where xid = 79 and job = ?", row[0]),
+        60, "XID 79 stored from the epilog")
+    assert xid[0] == ("node2", 1, gpu1["uuid"], row[0])
+
+
+def test_reports_spool_while_the_agent_is_down(agent, submit, devcluster):
+    agent.stop()
+    try:
+        job_id = submit("-N2", "--recovery=prod", script="true")
+        spools = [devcluster.lay.spool_dir(n) for n in devcluster.node_names()]
+        wait_for(lambda: sum(len(list(p.glob("*.json"))) for p in spools if p.exists()) >= 4,
+                 60, "prolog and epilog reports of both nodes in the spools")
+        assert job_row(agent, job_id) is None
+    finally:
+        agent.start()
+    # the next hook run on each node replays its spool before its own report
+    nodes = sorted({p.parent.name for p in spools for _ in p.glob("*.json")})
+    trigger = submit(f"-N{len(nodes)}", "-w", ",".join(nodes), "--recovery=prod", script="true")
+    wait_for(lambda: job_row(agent, trigger), 60, "the trigger job registered")
+    row = wait_for(lambda: job_row(agent, job_id), 60, "the spooled job registered")
+    wait_for(lambda: len(reports_for(agent, row[0], "epilog")) == 2, 60,
+             "both spooled epilog reports")
+    assert all(not list(p.glob("*.json")) for p in spools if p.exists())
