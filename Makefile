@@ -17,12 +17,13 @@ APT_PACKAGES := slurm-wlm slurmctld slurmd slurm-client munge libmunge2 libslurm
 
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help deps build test unit demo down clean
+.PHONY: help deps build test unit bench demo down clean
 
 help:
 	@echo "make demo   start a local Slurm cluster and run a sample training job on it"
 	@echo "make test   install, build, start a dev cluster, run every test, stop it"
 	@echo "make unit   only the fast unit tests (no cluster)"
+	@echo "make bench  hook and ingest benchmarks (figures into docs/)"
 	@echo "make down   stop the demo cluster"
 	@echo "make deps   install Debian packages and the Python virtualenv"
 
@@ -53,6 +54,9 @@ test: deps build
 
 unit: deps
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+bench: deps build
+	$(BIN)/python -m tests.benchmarks.bench_hooks --out docs/benchmarks-hooks.md
 
 demo: deps build
 	DEMO_STATE_DIR=$(DEMO_STATE_DIR) bash contrib/demo/demo.sh

@@ -4,22 +4,56 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
 
 import click
 
 from .config import Config, load
 from .errors import RecoveryError
 from .ingest import Ingest
-from .scheduler import select_scheduler
+from .scheduler import Job, Scheduler, select_scheduler
 from .scheduler.runner import SlurmRunner
 from .store import Store
 
 log = logging.getLogger("recovery_agent")
 
 
-def job_lookup_for(cfg: Config):
-    """A function finding a job's scheduler record, or None when no backend can
-    run (ingest then works without submit times)."""
+class JobCache:
+    """Job lookups for ingest, answered from one batched scheduler query that
+    is reused for ``max_age`` seconds: a burst of reports from every node of a
+    big job costs one ``squeue``, not one per report."""
+
+    def __init__(self, scheduler: Scheduler, max_age: float = 2.0,
+                 miss_refresh: float = 0.5) -> None:
+        self.scheduler = scheduler
+        self.max_age = max_age
+        self.miss_refresh = miss_refresh
+        self._jobs: dict[str, Job] = {}
+        self._loaded = 0.0
+        self._lock = threading.Lock()
+        self.queries = 0
+
+    def _refresh(self) -> None:
+        jobs = self.scheduler.list_jobs()
+        self.queries += 1
+        index: dict[str, Job] = {}
+        for job in jobs:
+            index[job.job_id] = job
+            index.setdefault(str(job.numeric_id), job)
+        self._jobs, self._loaded = index, time.monotonic()
+
+    def __call__(self, job_id: str) -> Job | None:
+        with self._lock:
+            age = time.monotonic() - self._loaded
+            if age > self.max_age or (job_id not in self._jobs and age > self.miss_refresh):
+                self._refresh()
+            return self._jobs.get(job_id)
+
+
+def job_lookup_for(cfg: Config) -> JobCache | None:
+    """A cached job lookup, or None when no backend can run (ingest then
+    works without the scheduler's submit times)."""
     runner = SlurmRunner(bin_dir=cfg.scheduler.bin_dir, slurm_conf=cfg.scheduler.slurm_conf,
                          timeout=cfg.scheduler.command_timeout)
     try:
@@ -28,10 +62,7 @@ def job_lookup_for(cfg: Config):
         log.warning("no scheduler backend (%s); hook reports are stored without the "
                     "scheduler's submit time", exc)
         return None
-
-    def lookup(job_id: str):
-        return sched.get_job(job_id)
-    return lookup
+    return JobCache(sched)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -8,7 +8,6 @@ replay are munge's own checks.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import hashlib
 import threading
 
@@ -33,11 +32,17 @@ def _load() -> ctypes.CDLL:
     global _lib
     with _lib_lock:
         if _lib is None:
-            name = ctypes.util.find_library("munge") or "libmunge.so.2"
             try:
-                lib = ctypes.CDLL(name)
-            except OSError as exc:
-                raise MungeError(-1, f"libmunge not found ({exc}); install munge") from None
+                lib = ctypes.CDLL("libmunge.so.2")
+            except OSError:
+                # find_library runs ldconfig: only worth it when the usual name fails
+                from ctypes.util import find_library
+                name = find_library("munge")
+                try:
+                    lib = ctypes.CDLL(name or "libmunge.so")
+                except OSError as exc:
+                    raise MungeError(-1, f"libmunge not found ({exc}); install munge") \
+                        from None
             lib.munge_ctx_create.restype = ctypes.c_void_p
             lib.munge_ctx_destroy.argtypes = [ctypes.c_void_p]
             lib.munge_ctx_strerror.restype = ctypes.c_char_p

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import sys
 import time
-import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
-from recovery_agent.config import Config, load
-
-from . import gpu, kmsg, spec
+from . import gpu, kmsg, settings, spec
 from .delivery import Deliverer
 
 log = logging.getLogger("slurm_hooks")
@@ -25,9 +23,9 @@ def _node_path(template: str, node: str) -> str:
     return template.replace("{node}", node) if template else ""
 
 
-def _setup_logging(cfg: Config, node: str) -> None:
+def _setup_logging(cfg: settings.Settings, node: str) -> None:
     handler: logging.Handler
-    path = _node_path(cfg.hooks.log_file, node)
+    path = _node_path(cfg.log_file, node)
     try:
         if not path:
             raise OSError("no log file configured")
@@ -70,13 +68,13 @@ def exit_status(environ: Mapping[str, str]) -> dict:
             "signal": int(sig) if sig.isdigit() and int(sig) else None}
 
 
-def preflight(cfg: Config, gpus: dict, xids: list[dict]) -> dict:
+def preflight(cfg: settings.Settings, gpus: dict, xids: list[dict]) -> dict:
     """Critical GPU faults that make this node unfit to start a job."""
     faults = []
     fatal = sorted({x["xid"] for x in xids if kmsg.is_fatal(x)})
     if fatal:
         faults.append(f"fatal XID(s) in the kernel log: {', '.join(map(str, fatal))}")
-    expected = cfg.hooks.expected_gpus
+    expected = cfg.expected_gpus
     if expected and not gpus.get("ok"):
         faults.append(f"NVML failed: {gpus.get('error')}")
     elif expected and len(gpus.get("gpus", [])) < expected:
@@ -86,12 +84,12 @@ def preflight(cfg: Config, gpus: dict, xids: list[dict]) -> dict:
             faults.append(f"GPU {g.get('index')} is lost")
         if g.get("remapped_rows_failure"):
             faults.append(f"GPU {g.get('index')} has a row-remap failure")
-    return {"mode": cfg.hooks.preflight, "verdict": "fault" if faults else "ok",
+    return {"mode": cfg.preflight, "verdict": "fault" if faults else "ok",
             "faults": faults}
 
 
-def _xids(cfg: Config, node: str, hook: str, since: float | None) -> list[dict]:
-    source = cfg.hooks.kernel_log
+def _xids(cfg: settings.Settings, node: str, hook: str, since: float | None) -> list[dict]:
+    source = cfg.kernel_log
     if source.startswith("file:"):
         source = "file:" + _node_path(source[5:], node)
     try:
@@ -106,38 +104,38 @@ def _start_marker(spool: Path, job: dict) -> Path:
     return spool / "jobs" / f"{job['job_id']}.{job['attempt']}.start"
 
 
-def _job_window(hook: str, cfg: Config, spool: Path, job: dict | None, now: float) -> float | None:
+def _job_window(hook: str, cfg: settings.Settings, spool: Path, job: dict | None, now: float) -> float | None:
     """Since when to collect XIDs: boot-long for the prolog's preflight, the
     job's start (noted by the prolog) for the epilog, a recent window otherwise."""
     if hook == "prolog":
-        return None if cfg.hooks.preflight != "off" else now - cfg.hooks.xid_window
+        return None if cfg.preflight != "off" else now - cfg.xid_window
     if hook == "epilog" and job:
         try:
             return float(_start_marker(spool, job).read_text().strip())
         except (OSError, ValueError):
-            return now - cfg.hooks.xid_window
-    return now - cfg.hooks.xid_window
+            return now - cfg.xid_window
+    return now - cfg.xid_window
 
 
-def build_report(hook: str, cfg: Config, environ: Mapping[str, str], node: str,
+def build_report(hook: str, cfg: settings.Settings, environ: Mapping[str, str], node: str,
                  spool: Path) -> dict:
     now = time.time()
     job = job_identity(environ) if hook != "health" else None
-    snapshot = gpu.snapshot(_node_path(cfg.hooks.nvml_library, node),
-                            _node_path(cfg.hooks.gpu_state_file, node))
+    snapshot = gpu.snapshot(_node_path(cfg.nvml_library, node),
+                            _node_path(cfg.gpu_state_file, node))
     since = _job_window(hook, cfg, spool, job, now)
     xids = _xids(cfg, node, hook, since)
-    report = {"version": REPORT_VERSION, "hook": hook, "report_id": uuid.uuid4().hex,
+    report = {"version": REPORT_VERSION, "hook": hook, "report_id": os.urandom(16).hex(),
               "created": now, "cluster": environ.get("SLURM_CLUSTER_NAME", ""),
               "node": node, "job": job, "gpus": snapshot, "xids": xids}
     if hook == "epilog":
         report["exit"] = exit_status(environ)
-    if hook in ("prolog", "health") and cfg.hooks.preflight != "off":
+    if hook in ("prolog", "health") and cfg.preflight != "off":
         report["preflight"] = preflight(cfg, snapshot, xids)
         if hook == "prolog" and since is None:
             # only XIDs recent enough to matter to this job travel with the report
             report["xids"] = [x for x in xids if x.get("time") is None
-                              or x["time"] >= now - cfg.hooks.xid_window
+                              or x["time"] >= now - cfg.xid_window
                               or kmsg.is_fatal(x)]
     return report
 
@@ -145,17 +143,19 @@ def build_report(hook: str, cfg: Config, environ: Mapping[str, str], node: str,
 def run_hook(hook: str, environ: Mapping[str, str]) -> int:
     """Build, deliver, and decide the exit code (non-zero only for an enforced
     preflight fault)."""
-    cfg = load()
+    cfg = settings.load(environ)
     node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     _setup_logging(cfg, node)
-    spool = Path(_node_path(cfg.hooks.spool_dir, node))
+    for problem in cfg.problems:
+        log.warning("config: %s", problem)
+    spool = Path(_node_path(cfg.spool_dir, node))
     report = build_report(hook, cfg, environ, node, spool)
     job = report.get("job")
     if hook == "prolog" and job:
         _note_start(spool, job, report["created"])
     body = json.dumps(report, separators=(",", ":")).encode()
-    deliverer = Deliverer(cfg.hooks.agent_url, cfg.hooks.timeout, spool,
-                          cfg.hooks.munge_socket, sign=True)
+    deliverer = Deliverer(cfg.agent_url, cfg.timeout, spool,
+                          cfg.munge_socket, sign=True)
     outcome = deliverer.deliver(hook, report["report_id"], body)
     log.info("%s job=%s attempt=%s gpus=%s xids=%s delivery=%s", hook,
              job and job["job_id"], job and job["attempt"], report["gpus"].get("count"),
@@ -163,7 +163,7 @@ def run_hook(hook: str, environ: Mapping[str, str]) -> int:
     verdict = report.get("preflight") or {}
     if hook == "prolog" and verdict.get("verdict") == "fault":
         log.error("preflight: %s", "; ".join(verdict["faults"]))
-        if cfg.hooks.preflight == "enforce":
+        if cfg.preflight == "enforce":
             print(f"slurm-recovery preflight: {'; '.join(verdict['faults'])}",
                   file=sys.stderr)
             return 1

@@ -264,9 +264,16 @@ def agent_toml(spec: ClusterSpec, lay: Layout) -> str:
 
 
 def hook_wrapper(spec: ClusterSpec, lay: Layout, hook: str) -> str:
-    """Slurm starts hooks with a bare environment: the wrapper names the config."""
-    return (f"#!/bin/sh\n# recovery-devcluster: run the {hook} hook with this cluster's "
-            f"config\nRECOVERY_CONFIG={lay.agent_config}\nexport RECOVERY_CONFIG\n"
+    """Slurm starts hooks with a bare environment, so the wrapper names the
+    config. For the prolog and epilog it also takes the fast path itself: a job
+    that did not opt in costs one /bin/sh, not a Python start."""
+    fast_path = "" if hook == "health" else (
+        "if [ -z \"${SPANK__SLURM_SPANK_OPTION_slurm_recovery_recovery+x}\" ] && "
+        "[ -z \"${SLURM_RECOVERY+x}\" ]; then\n"
+        "    case \"${SLURM_JOB_COMMENT:-}\" in *recovery=*) ;; *) exit 0 ;; esac\n"
+        "fi\n")
+    return (f"#!/bin/sh\n# recovery-devcluster: the {hook} hook with this cluster's config\n"
+            f"{fast_path}RECOVERY_CONFIG={lay.agent_config}\nexport RECOVERY_CONFIG\n"
             f"exec {Path(spec.hooks_bin) / HOOKS[hook]} \"$@\"\n")
 
 

@@ -107,3 +107,30 @@ def test_every_key_is_documented_in_the_example():
             assert f.metadata.get("doc"), f"{section}.{f.name} has no doc text"
     for f in fields(config.EnvironmentConfig):
         assert f"\n{f.name} = " in text
+
+
+def test_hooks_light_reader_agrees_with_the_config_model(tmp_path):
+    """slurm_hooks.settings reads [hooks] without the full model: same keys,
+    same defaults, same values from the example file."""
+    from dataclasses import asdict
+
+    from slurm_hooks import settings
+    assert settings.DEFAULTS == asdict(config.HooksConfig())
+    light = settings.load({"RECOVERY_CONFIG": str(EXAMPLE)})
+    full = config.load(EXAMPLE, environ={}).hooks
+    assert light.problems == []
+    for key in settings.DEFAULTS:
+        assert getattr(light, key) == getattr(full, key), key
+
+
+def test_hooks_light_reader_fails_open(tmp_path):
+    from slurm_hooks import settings
+    path = write(tmp_path, "[hooks]\ntimeout = 'soon'\npreflight = 'always'\nbogus = 1\n"
+                           "expected_gpus = 8\n")
+    light = settings.load({"RECOVERY_CONFIG": str(path)})
+    assert light.timeout == 0.5 and light.preflight == "report" and light.expected_gpus == 8
+    assert len(light.problems) == 3
+    broken = settings.load({"RECOVERY_CONFIG": str(write(tmp_path, "[hooks\n"))})
+    assert broken.agent_url == settings.DEFAULTS["agent_url"] and broken.problems
+    missing = settings.load({"RECOVERY_CONFIG": str(tmp_path / "nope.toml")})
+    assert "not found" in missing.problems[0]
