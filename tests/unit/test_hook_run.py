@@ -1,0 +1,193 @@
+"""The hooks as Slurm runs them: a fresh process, a bare environment, and an exit
+code that fails a job only for an enforced preflight fault."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recovery_agent.devcluster.config import fake_gpus
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_NVML = REPO / "tests" / "fake_nvml" / "libnvidia-ml.so.1"
+XID79 = ("2026-11-29T08:00:00+0000 node1 kernel: NVRM: Xid (PCI:0000:28:00): 79, pid=42, "
+         "name=python, GPU has fallen off the bus.\n")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_nvml():
+    result = subprocess.run(["make", "-s", "-C", str(FAKE_NVML.parent)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class NodeFiles:
+    """One node's files and the recovery.toml pointing the hooks at them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "gpus.json").write_text(json.dumps(fake_gpus("node1", 2)))
+        (root / "kern.log").write_text("")
+        self.configure()
+
+    def configure(self, **hooks) -> None:
+        """(Re)write recovery.toml with some [hooks] values changed."""
+        root = self.root
+        values = {"agent_url": f"http://127.0.0.1:{closed_port()}", "timeout": "300ms",
+                  "spool_dir": str(root / "spool"), "log_file": str(root / "hooks.log"),
+                  "kernel_log": f"file:{root / 'kern.log'}",
+                  "nvml_library": str(FAKE_NVML), "gpu_state_file": str(root / "gpus.json"),
+                  "expected_gpus": 2, "preflight": "report"}
+        values.update(hooks)
+        lines = ["[hooks]"] + [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+        (root / "recovery.toml").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def files(tmp_path) -> NodeFiles:
+    return NodeFiles(tmp_path)
+
+
+@pytest.fixture
+def node(files) -> Path:
+    return files.root
+
+
+@pytest.fixture
+def configure(files):
+    return files.configure
+
+
+def run_hook(node_dir: Path, hook: str = "prolog", opted_in: bool = True, **env):
+    environ = {"PATH": "/usr/bin:/bin", "RECOVERY_CONFIG": str(node_dir / "recovery.toml"),
+               "SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "4711",
+               "SLURM_CLUSTER_NAME": "c1", "SLURM_JOB_RESTART_COUNT": "0"}
+    if opted_in:
+        environ["SPANK__SLURM_SPANK_OPTION_slurm_recovery_recovery"] = "prod:action"
+    environ.update(env)
+    entry = {"prolog": "prolog", "epilog": "epilog", "health": "healthcheck"}[hook]
+    return subprocess.run([sys.executable, "-c",
+                           f"import sys; from slurm_hooks.entry import {entry}; sys.exit({entry}())"],
+                          env=environ, capture_output=True, text=True, timeout=60, cwd=REPO)
+
+
+def spooled(node_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((node_dir / "spool").glob("*.json"))]
+
+
+def test_not_opted_in_does_nothing(node):
+    result = run_hook(node, opted_in=False)
+    assert result.returncode == 0 and not (node / "spool").exists()
+    assert not (node / "hooks.log").exists()
+
+
+def test_agent_down_spools_a_full_report(node):
+    result = run_hook(node)
+    assert result.returncode == 0, result.stderr
+    (report,) = spooled(node)
+    assert report["hook"] == "prolog" and report["job"]["job_id"] == "4711"
+    assert report["job"]["spec"] == "prod:action" and report["job"]["attempt"] == 0
+    assert report["gpus"]["ok"] and report["gpus"]["count"] == 2
+    assert report["preflight"]["verdict"] == "ok"
+    assert "delivery=spooled" in (node / "hooks.log").read_text()
+
+
+def test_epilog_reports_exit_and_xids_since_the_prolog(node):
+    assert run_hook(node).returncode == 0
+    with open(node / "kern.log", "a") as fh:
+        fh.write(XID79.replace("2026-11-29T08:00:00", _now_iso()))
+    assert run_hook(node, "epilog", SLURM_JOB_EXIT_CODE2="1:0").returncode == 0
+    epilog = [r for r in spooled(node) if r["hook"] == "epilog"][0]
+    assert epilog["exit"] == {"code": 1, "signal": None}
+    assert [x["xid"] for x in epilog["xids"]] == [79]
+    assert epilog["xids"][0]["pci"] == "0000:28:00"  # GPU 1 of the fake state
+
+
+def _now_iso() -> str:
+    import datetime
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def test_enforced_fatal_xid_fails_the_prolog(node, configure):
+    (node / "kern.log").write_text(XID79)
+    configure(preflight="enforce")
+    result = run_hook(node)
+    assert result.returncode == 1
+    assert "fatal XID" in result.stderr and "79" in result.stderr
+    (report,) = spooled(node)  # the fault is still reported
+    assert report["preflight"]["verdict"] == "fault"
+
+
+def test_reported_fault_does_not_fail_the_prolog(node):
+    (node / "kern.log").write_text(XID79)
+    result = run_hook(node)
+    assert result.returncode == 0
+    assert spooled(node)[0]["preflight"]["verdict"] == "fault"
+
+
+@pytest.mark.parametrize("change, fault", [
+    ({"missing": True}, "is lost"),
+    ({"remapped_rows_failure": True}, "row-remap failure"),
+])
+def test_enforced_gpu_faults(node, configure, change, fault):
+    state = fake_gpus("node1", 2)
+    state["gpus"][1].update(change)
+    (node / "gpus.json").write_text(json.dumps(state))
+    configure(preflight="enforce")
+    result = run_hook(node)
+    assert result.returncode == 1 and fault in result.stderr
+
+
+def test_fewer_gpus_than_expected(node, configure):
+    configure(preflight="enforce", expected_gpus=4)
+    result = run_hook(node)
+    assert result.returncode == 1 and "2 GPUs visible, 4 expected" in result.stderr
+
+
+def test_missing_nvml_library(node, configure):
+    configure(nvml_library=str(node / "nope" / "libnvidia-ml.so.1"))
+    assert run_hook(node).returncode == 0  # report mode: recorded, job goes on
+    report = spooled(node)[0]
+    assert not report["gpus"]["ok"] and report["preflight"]["verdict"] == "fault"
+    configure(nvml_library=str(node / "nope" / "libnvidia-ml.so.1"), preflight="enforce")
+    assert run_hook(node).returncode == 1  # NVML failing on a GPU node
+
+
+def test_garbled_nvml_state(node):
+    (node / "gpus.json").write_text('{"gpus": [{"index": 0, "uuid": ')
+    result = run_hook(node)
+    assert result.returncode == 0
+    assert not spooled(node)[0]["gpus"]["ok"]
+
+
+def test_bad_config_values_fail_open(node):
+    text = (node / "recovery.toml").read_text() + "bogus_key = 1\n"
+    (node / "recovery.toml").write_text(text.replace('"300ms"', '"soon"'))
+    result = run_hook(node)
+    assert result.returncode == 0 and len(spooled(node)) == 1
+    log = (node / "hooks.log").read_text()
+    assert "hooks.timeout: bad value" in log and "hooks.bogus_key: unknown key" in log
+
+
+def test_unexpected_error_fails_open(node):
+    result = run_hook(node, SLURM_JOB_RESTART_COUNT="not-a-number")
+    assert result.returncode == 0
+    assert "internal error, ignored" in result.stderr
+
+
+def test_health_check_reports_the_node(node):
+    result = run_hook(node, "health", opted_in=False)
+    assert result.returncode == 0
+    (report,) = spooled(node)
+    assert report["hook"] == "health" and report["job"] is None and report["gpus"]["count"] == 2
