@@ -12,12 +12,13 @@ import re
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from slurm_hooks import spec as specs
 
-from .errors import RecoveryError, SchedulerError
-from .scheduler.base import Job
+from .errors import RecoveryError
+from .jobcache import JobCache
+from .scheduler.base import FINISHED_STATES, Job
 from .store import Store
 
 HOOKS = ("prolog", "epilog", "health")
@@ -108,16 +109,39 @@ def parse_body(hook: str, body: bytes) -> dict:
 
 
 class Ingest:
-    """Stores validated reports. ``job_lookup`` finds the scheduler's record of
-    a job (for its submit time, which completes the job's identity); it may
-    fail, and then the newest stored job of that id is used."""
+    """Stores validated reports.
 
-    def __init__(self, store: Store, cluster: str,
-                 job_lookup: Callable[[str], Job | None] | None = None) -> None:
+    ``jobs`` (a :class:`~recovery_agent.jobcache.JobCache`) supplies the
+    scheduler's record of a job, whose submit time completes the job's key.
+    Ingest never waits for it: a job the cache does not know yet is stored with
+    submit time 0 and completed when the background refresh lands.
+    """
+
+    def __init__(self, store: Store, cluster: str, jobs: JobCache | None = None) -> None:
         self.store = store
         self.cluster = cluster
-        self.job_lookup = job_lookup
+        self.jobs = jobs
         self._lock = threading.Lock()
+        if jobs is not None:
+            jobs.on_refresh.append(self.complete_submit_times)
+
+    def _known_job(self, cluster: str, job: dict, hook: str) -> Job:
+        """The job as the scheduler last listed it, else as the store knows it
+        (the same job while it lives), else a new one awaiting its submit time."""
+        found = self.jobs.peek(job["job_id"]) if self.jobs is not None else None
+        if found is not None:
+            return found
+        if self.jobs is not None:
+            self.jobs.refresh_soon()
+        existing = self.store.find_job(cluster, job["job_id"])
+        # a first prolog for an id whose stored job has finished is a reused id
+        reused = (existing is not None and hook == "prolog" and job["attempt"] == 0
+                  and existing["state"] in FINISHED_STATES)
+        submit = existing["submit_time"] if existing and not reused else 0
+        return Job(job_id=job["job_id"], numeric_id=int(job["job_id"].split("_")[0]),
+                   submit_time=submit, state="RUNNING" if hook == "prolog" else "UNKNOWN",
+                   array_job_id=job.get("array_job_id"), array_task_id=job.get("array_task_id"),
+                   user=job.get("user") or "")
 
     def _job(self, cluster: str, node: str, job: dict, hook: str) -> tuple[int, int]:
         try:
@@ -125,17 +149,7 @@ class Ingest:
         except specs.SpecError as exc:
             # the comment form is not checked at submit time: watch, never act
             spec, problem = specs.RecoverySpec(mode="monitor"), str(exc)
-        found = None
-        if self.job_lookup is not None:
-            try:
-                found = self.job_lookup(job["job_id"])
-            except (SchedulerError, RecoveryError):
-                found = None
-        if found is None:
-            existing = self.store.find_job(cluster, job["job_id"])
-            found = Job(job_id=job["job_id"], numeric_id=int(job["job_id"].split("_")[0]),
-                        submit_time=existing["submit_time"] if existing else 0,
-                        state="RUNNING" if hook == "prolog" else "UNKNOWN")
+        found = self._known_job(cluster, job, hook)
         attempt = job["attempt"]
         newest = replace(found, restart_count=max(found.restart_count, attempt))
         pk = self.store.record_job(newest, cluster=cluster, env=spec.env,
@@ -208,3 +222,17 @@ class Ingest:
         self.store.db["nodes"].upsert({"name": report["node"], "cluster": report["cluster"],
                                        "last_health": json.dumps(summary),
                                        "updated": time.time()}, pk="name")
+
+    def complete_submit_times(self, listed: dict[str, Job]) -> None:
+        """Give jobs stored before the scheduler listed them their real submit
+        time (and so their full key), unless that key is taken already."""
+        with self._lock, self.store.db.atomic():
+            rows = list(self.store.db["jobs"].rows_where(
+                "cluster = ? and submit_time = 0", [self.cluster]))
+            for row in rows:
+                job = listed.get(row["job_id"])
+                if job is None or not job.submit_time:
+                    continue
+                if self.store.find_job_exact(self.cluster, row["job_id"], job.submit_time):
+                    continue
+                self.store.db["jobs"].update(row["id"], {"submit_time": job.submit_time})

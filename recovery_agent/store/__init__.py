@@ -71,6 +71,11 @@ class Store:
         try:
             with self.db.atomic():
                 row = self._job_row(**key)
+                if row is None and key["submit_time"]:
+                    # stored before its submit time was known: this is that job
+                    row = self._job_row(cluster, job.job_id, 0)
+                    if row is not None:
+                        values["submit_time"] = key["submit_time"]
                 if row is None:
                     return self.db["jobs"].insert({**key, **values, "first_seen": now}).last_pk
                 self.db["jobs"].update(row["id"], values)
@@ -90,10 +95,14 @@ class Store:
         except NotFoundError:
             raise StoreError(f"no job with row id {pk}") from None
 
+    def find_job_exact(self, cluster: str, job_id: str, submit_time: int) -> dict | None:
+        return self._job_row(cluster, job_id, submit_time)
+
     def find_job(self, cluster: str, job_id: str) -> dict | None:
-        """The newest job of that id (the one after any id reuse)."""
+        """The newest job of that id (the one after any id reuse): the last
+        registered, since a new job's submit time may not be known yet."""
         rows = list(self.db["jobs"].rows_where("cluster = ? and job_id = ?", [cluster, job_id],
-                                               order_by="submit_time desc", limit=1))
+                                               order_by="id desc", limit=1))
         return rows[0] if rows else None
 
     def jobs(self, state: str | None = None) -> list[dict]:

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from recovery_agent.api import create_app
 from recovery_agent.config import from_mapping
 from recovery_agent.ingest import Ingest, ReportError, validate
+from recovery_agent.jobcache import JobCache
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Store
 
@@ -34,13 +35,27 @@ def report(hook="prolog", **over) -> dict:
     return body
 
 
+class ListingScheduler:
+    """Just enough of a scheduler for the job cache: a fixed listing."""
+
+    def __init__(self, jobs: list[Job]) -> None:
+        self.jobs = jobs
+        self.calls = 0
+
+    def list_jobs(self, job_ids=None) -> list[Job]:
+        self.calls += 1
+        return list(self.jobs)
+
+
 @pytest.fixture
 def app(tmp_path):
     store = Store(tmp_path / "r.db")
     cfg = from_mapping({"api": {"auth": "none"}, "agent": {"cluster": "c1"}})
-    jobs = {"1234": Job(job_id="1234", numeric_id=1234, state="RUNNING",
-                        submit_time=1_799_999_000, nodes=("node1", "node2"))}
-    ingest = Ingest(store, "c1", job_lookup=lambda job_id: jobs.get(job_id))
+    listed = [Job(job_id="1234", numeric_id=1234, state="RUNNING",
+                  submit_time=1_799_999_000, nodes=("node1", "node2"))]
+    cache = JobCache(ListingScheduler(listed), min_interval=0)
+    cache.refresh()
+    ingest = Ingest(store, "c1", cache)
     client = TestClient(create_app(cfg, ingest))
     client.store = store
     return client
@@ -103,6 +118,36 @@ def test_invalid_comment_spec_is_flagged_and_only_monitored(app):
     assert (job["env"], job["mode"]) == ("default", "monitor")
     (flag,) = [e for e in app.store.timeline(job["id"]) if e["kind"] == "spec_invalid"]
     assert "invalid mode 'yolo'" in flag["message"]
+
+
+def test_unknown_job_is_completed_by_the_background_refresh(tmp_path):
+    """Ingest never waits for slurmctld: a job the cache has not listed yet is
+    stored at once, and gets its submit time when the refresh lands."""
+    sched = ListingScheduler([])
+    cache = JobCache(sched, min_interval=0)
+    ingest = Ingest(Store(tmp_path / "r.db"), "c1", cache)
+    client = TestClient(create_app(from_mapping({"api": {"auth": "none"}}), ingest))
+    assert post(client, "prolog", report()).status_code == 201
+    cache.wait()
+    assert ingest.store.find_job("c1", "1234")["submit_time"] == 0  # slurmctld had nothing
+    sched.jobs = [Job(job_id="1234", numeric_id=1234, state="RUNNING", submit_time=1_799_999_000)]
+    cache.refresh()
+    (job,) = ingest.store.jobs()
+    assert job["submit_time"] == 1_799_999_000
+    # later reports land on the same row, now under its full key
+    post(client, "epilog", report("epilog", report_id="0" * 31 + "9"))
+    assert ingest.store.db["jobs"].count == 1
+
+
+def test_reused_job_id_after_the_old_job_finished(tmp_path):
+    store = Store(tmp_path / "r.db")
+    old = store.record_job(Job(job_id="1234", numeric_id=1234, state="COMPLETED",
+                               submit_time=1_700_000_000), cluster="c1")
+    client = TestClient(create_app(from_mapping({"api": {"auth": "none"}}),
+                                   Ingest(store, "c1")))
+    assert post(client, "prolog", report()).status_code == 201
+    new = store.find_job("c1", "1234")
+    assert new["id"] != old and new["submit_time"] == 0
 
 
 def test_health_report_needs_no_job(app):

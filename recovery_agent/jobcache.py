@@ -1,0 +1,72 @@
+"""The scheduler's view of jobs, for ingest, without making hooks wait on it.
+
+Hook reports must be answered within the hooks' 0.5 s timeout, whatever
+slurmctld is doing. So ingest only *peeks* at the last batched job listing;
+a miss asks for a refresh in the background (at most one running, at most one
+per ``min_interval``), and whoever registered ``on_refresh`` completes what it
+stored without the scheduler's data (the submit time that finishes a job's key).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from .errors import RecoveryError
+from .scheduler.base import Job, Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class JobCache:
+    def __init__(self, scheduler: Scheduler, min_interval: float = 0.5) -> None:
+        self.scheduler = scheduler
+        self.min_interval = min_interval
+        self.on_refresh: list[Callable[[dict[str, Job]], None]] = []
+        self.queries = 0
+        self._jobs: dict[str, Job] = {}
+        self._loaded = 0.0
+        self._lock = threading.Lock()
+        self._running: threading.Thread | None = None
+
+    def peek(self, job_id: str) -> Job | None:
+        """The job as last listed, without any I/O."""
+        return self._jobs.get(job_id)
+
+    def refresh(self) -> None:
+        """List every job now (one batched query) and tell the listeners."""
+        try:
+            jobs = self.scheduler.list_jobs()
+        except RecoveryError as exc:
+            log.warning("job listing failed: %s", exc)
+            return
+        index: dict[str, Job] = {}
+        for job in jobs:
+            index[job.job_id] = job
+            index.setdefault(str(job.numeric_id), job)
+        with self._lock:
+            self._jobs, self._loaded = index, time.monotonic()
+            self.queries += 1
+        for listener in self.on_refresh:
+            try:
+                listener(index)
+            except Exception:  # noqa: BLE001 - a listener's bug must not stop refreshes
+                log.exception("job cache listener failed")
+
+    def refresh_soon(self) -> None:
+        """Start a background refresh unless one is running or one just ran."""
+        with self._lock:
+            if self._running is not None and self._running.is_alive():
+                return
+            if time.monotonic() - self._loaded < self.min_interval:
+                return
+            self._running = threading.Thread(target=self.refresh, name="job-cache",
+                                             daemon=True)
+            self._running.start()
+
+    def wait(self, timeout: float = 10.0) -> None:
+        """For tests: until the background refresh (if any) is done."""
+        thread = self._running
+        if thread is not None:
+            thread.join(timeout)
