@@ -1,0 +1,72 @@
+"""What detection produces: detections (what happened, with evidence) and a
+verdict (who is to blame). Plain frozen data, no I/O: the scanner, the hang
+and straggler detectors, checkpoint tracking and attribution all speak it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+CATEGORIES = ("gpu_hardware", "interconnect", "nccl_timeout_hang", "cuda_error", "oom",
+              "system_software", "application", "segfault")
+# Actions a pattern may hint at, and a verdict may recommend.
+ACTIONS = ("requeue_exclude", "requeue", "kill_requeue", "stop", "none")
+SEVERITIES = ("info", "warning", "error", "critical")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One line that a detection rests on, and where it was seen."""
+
+    text: str
+    source: str = ""         # a log path, "hook:<node>/<hook>", "slurm", ...
+    line: int | None = None  # 1-based line number within the source, when known
+    time: float | None = None
+
+
+@dataclass(frozen=True)
+class Detection:
+    """Something that happened to a job, with evidence.
+
+    ``rule`` is the pattern id (or a detector's name: ``hang``, ``straggler``,
+    ``xid``, ``node_fail``...). Attribution fields are filled when the evidence
+    names them: ``host``, ``rank``, ``pci``, ``gpu``, ``xid``.
+    """
+
+    rule: str
+    category: str
+    severity: str = "error"
+    action_hint: str = "none"
+    evidence: tuple[Evidence, ...] = ()
+    host: str | None = None
+    rank: int | None = None
+    pci: str | None = None
+    gpu: str | None = None
+    xid: int | None = None
+    detail: str = ""
+
+    @property
+    def line(self) -> int | None:
+        return self.evidence[0].line if self.evidence else None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Who is to blame for an interruption.
+
+    ``blame`` is ``node``, ``application`` or ``unknown``. ``nodes`` names the
+    hosts to exclude (for ``node``); ``gpus``/``links`` narrow it down when
+    known. ``rests_on`` cites the detections used, by index into the list the
+    verdict was made from. ``action`` is the recommendation this evidence
+    supports on its own (policy may still override it: budgets, retries).
+    """
+
+    blame: str
+    category: str | None
+    action: str
+    confidence: float
+    nodes: tuple[str, ...] = ()
+    gpus: tuple[str, ...] = ()
+    links: tuple[str, ...] = ()
+    rests_on: tuple[int, ...] = ()
+    reason: str = ""
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
