@@ -54,6 +54,19 @@ def _want(obj: dict, key: str, kinds: tuple, where: str, required: bool = True) 
     return value
 
 
+def _objects(parent: dict, key: str, limit: int, where: str, needs: dict) -> None:
+    """``parent[key]`` is a list of at most ``limit`` objects, each with the
+    fields of ``needs`` (name -> accepted types)."""
+    items = _want(parent, key, (list,), where)
+    if len(items) > limit:
+        raise ReportError(f"{where}{key}: more than {limit} entries")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ReportError(f"{where}{key}[{i}]: expected an object")
+        for field_name, kinds in needs.items():
+            _want(item, field_name, kinds, f"{where}{key}[{i}].")
+
+
 def validate(hook: str, report: Any) -> dict:
     """Check a decoded report; return it, or raise ReportError naming the field."""
     if hook not in HOOKS:
@@ -80,21 +93,8 @@ def validate(hook: str, report: Any) -> dict:
         if len(_want(job, "spec", (str,), "job.")) > 4 * specs.MAX_LENGTH:
             raise ReportError("job.spec: far too long")
     gpus = _want(report, "gpus", (dict,), "")
-    devices = _want(gpus, "gpus", (list,), "gpus.")
-    if len(devices) > MAX_GPUS:
-        raise ReportError(f"gpus.gpus: more than {MAX_GPUS} GPUs")
-    for i, gpu in enumerate(devices):
-        if not isinstance(gpu, dict):
-            raise ReportError(f"gpus.gpus[{i}]: expected an object")
-        _want(gpu, "index", (int,), f"gpus.gpus[{i}].")
-    xids = _want(report, "xids", (list,), "")
-    if len(xids) > MAX_XIDS:
-        raise ReportError(f"xids: more than {MAX_XIDS} entries")
-    for i, xid in enumerate(xids):
-        if not isinstance(xid, dict):
-            raise ReportError(f"xids[{i}]: expected an object")
-        _want(xid, "xid", (int,), f"xids[{i}].")
-        _want(xid, "raw", (str,), f"xids[{i}].")
+    _objects(gpus, "gpus", MAX_GPUS, "gpus.", {"index": (int,)})
+    _objects(report, "xids", MAX_XIDS, "", {"xid": (int,), "raw": (str,)})
     if hook == "epilog":
         _want(report, "exit", (dict,), "")
     return report

@@ -143,3 +143,26 @@ class Store:
         for row in self.db["events"].rows_where("job = ?", [job_pk], order_by="ts, id"):
             row["data"] = json.loads(row["data"]) if row["data"] else None
             yield row
+
+    # -- detections ----------------------------------------------------------
+    def record_detection(self, job_pk: int | None, attempt: int | None, detection,
+                         ts: float | None = None) -> int:
+        """Store one :class:`~recovery_agent.detect.model.Detection` with its evidence."""
+        evidence = [{"text": e.text, "source": e.source, "line": e.line, "time": e.time}
+                    for e in detection.evidence]
+        return self.db["detections"].insert({
+            "job": job_pk, "attempt": attempt, "ts": ts or time.time(),
+            "category": detection.category, "pattern_id": detection.rule,
+            "severity": detection.severity, "node": detection.host,
+            "gpu": detection.gpu, "rank": detection.rank,
+            "source": evidence[0]["source"] if evidence else "",
+            "evidence": _dumps({"lines": evidence, "detail": detection.detail,
+                                "action_hint": detection.action_hint, "pci": detection.pci,
+                                "xid": detection.xid}),
+        }).last_pk
+
+    def detections(self, job_pk: int) -> list[dict]:
+        rows = list(self.db["detections"].rows_where("job = ?", [job_pk], order_by="ts, id"))
+        for row in rows:
+            row["evidence"] = json.loads(row["evidence"] or "{}")
+        return rows

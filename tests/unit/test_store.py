@@ -98,3 +98,18 @@ def test_unopenable_store(tmp_path):
     blocker.write_text("x")
     with pytest.raises(StoreError, match="cannot open store"):
         Store(blocker / "recovery.db")
+
+
+def test_detections_round_trip(store):
+    from recovery_agent.detect.model import Detection, Evidence
+    pk = store.record_job(job(), cluster="c1")
+    det = Detection(rule="nccl.watchdog_timeout", category="nccl_timeout_hang",
+                    severity="error", action_hint="kill_requeue", host="node2", rank=5,
+                    evidence=(Evidence("[rank5] Watchdog caught collective operation timeout",
+                                       source="/logs/train-1234.out", line=812),))
+    store.record_detection(pk, 0, det, ts=5.0)
+    (row,) = store.detections(pk)
+    assert (row["pattern_id"], row["node"], row["rank"], row["attempt"]) == \
+        ("nccl.watchdog_timeout", "node2", 5, 0)
+    assert row["evidence"]["lines"][0]["line"] == 812
+    assert row["evidence"]["action_hint"] == "kill_requeue"
