@@ -23,6 +23,13 @@ BACKENDS = ("auto", "cli", "pyslurm")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+# Lines that show a training loop advancing: "step 120", "iteration 40/1000",
+# "global_step=7", "'epoch': 1.5", "Epoch 3:", tqdm's "2.1it/s" or "0.48s/it", and
+# Megatron's "elapsed time per iteration". Kept free of single quotes, so the
+# example file can hold it as a TOML literal string.
+DEFAULT_PROGRESS_PATTERN = (
+    r"(?i)\b(?:iter(?:ation)?|step|global[_ ]step|epoch|batch)\b[\x22\x27]?\s*[:=#]?"
+    r"\s*\[?\s*\d|\d(?:\.\d+)?\s*(?:it/s|s/it)\b|elapsed time per iteration")
 
 
 def parse_duration(value: Any, key: str = "duration") -> float:
@@ -78,8 +85,18 @@ class EnvironmentConfig:
     mode: str = _doc("monitor (record only), action (act on Slurm) or external "
                      "(a site controller acts through the Advisor API).", default="monitor")
     max_restarts: int = _doc("Requeues allowed per job before recovery stops.", default=3)
-    hang: float = _doc("A job printing nothing for this long is hung (0 disables).",
-                       duration=True, default=0.0)
+    hang: float = _doc("A job showing no progress for this long is hung (0 disables); "
+                       "a job's hang= overrides it.", duration=True, default=0.0)
+    progress_pattern: str = _doc("Regex for lines that show training progress (step, "
+                                 "iteration, epoch, it/s). Once a job prints a matching "
+                                 "line, only matching lines reset the hang clock; empty "
+                                 "means any output is progress.",
+                                 default=DEFAULT_PROGRESS_PATTERN)
+    straggler_factor: float = _doc("A rank whose median step time exceeds the median of "
+                                   "the other ranks by this factor is a straggler "
+                                   "(above 1).", default=1.5)
+    straggler_window: float = _doc("How far back step times are kept for straggler "
+                                   "detection.", duration=True, default=600.0)
 
 
 @dataclass(frozen=True)
@@ -228,6 +245,15 @@ def _validate(cfg: Config) -> None:
                               f"got {env.mode!r}")
         if not 0 <= env.max_restarts <= 1000:
             raise ConfigError(f"environments.{name}.max_restarts: must be 0-1000")
+        try:
+            re.compile(env.progress_pattern)
+        except re.error as exc:
+            raise ConfigError(f"environments.{name}.progress_pattern: not a valid "
+                              f"regex: {exc}") from None
+        if env.straggler_factor <= 1.0:
+            raise ConfigError(f"environments.{name}.straggler_factor: must be above 1")
+        if env.straggler_window <= 0:
+            raise ConfigError(f"environments.{name}.straggler_window: must be above zero")
 
 
 def from_mapping(data: Mapping[str, Any], source: str = "") -> Config:

@@ -1,0 +1,300 @@
+"""Checkpoint progress: the newest checkpoint each attempt of a job produced.
+
+Two witnesses, both cheap:
+
+* the job's ``ckpt=`` path (a directory or a glob): :func:`newest_checkpoint`
+  stats a bounded number of entries and returns the newest finished one;
+* the job's log: :class:`CheckpointWatcher` knows how common trainers announce
+  a saved checkpoint (Megatron-LM, NeMo/Lightning, DeepSpeed, Hugging Face
+  Trainer, TorchTitan and plain ``checkpoint saved: PATH step=N`` lines).
+
+Each attempt keeps its newest :class:`CheckpointRecord`; policy asks
+:func:`attempts_without_progress` how many recent attempts saved nothing newer,
+for rules such as "stop after K attempts without a new checkpoint". Only
+:func:`newest_checkpoint` touches the file system.
+"""
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+import re
+from dataclasses import dataclass, replace
+from typing import Iterator, NamedTuple, Sequence
+
+__all__ = ["CheckpointFound", "CheckpointRecord", "CheckpointWatcher",
+           "attempts_without_progress", "newest_checkpoint", "parse_saved", "step_from_path"]
+
+MAX_ENTRIES = 5000   # directory entries examined per scan, at most
+MAX_DEPTH = 3        # levels of subdirectories entered below the ckpt directory
+                     # (or below a directory a glob matched)
+
+# Names a trainer writes while a save is under way, or leaves behind when one fails.
+_TEMP_NAMES = ("*.tmp", "*.temp", "*.part", "*.partial", "*.incomplete", "*.lock",
+               "*.swp", "*~", "tmp-*", "tmp_*", "tmp.*")
+# Hidden files are skipped, except torch.distributed.checkpoint's ".metadata",
+# which is written last and so marks a finished save.
+_HIDDEN_KEPT = frozenset({".metadata"})
+
+
+class CheckpointFound(NamedTuple):
+    """The newest finished file under a ckpt path, and its modification time."""
+
+    path: str
+    mtime: float
+
+
+def _ignored(name: str) -> bool:
+    if name.startswith("."):
+        return name not in _HIDDEN_KEPT
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in _TEMP_NAMES)
+
+
+class _Budget:
+    def __init__(self, entries: int) -> None:
+        self.left = entries
+
+    def take(self) -> bool:
+        self.left -= 1
+        return self.left >= 0
+
+
+def _newest_under(path: str, depth: int, budget: _Budget) -> CheckpointFound | None:
+    """The newest non-temporary file below the directory ``path``."""
+    best: CheckpointFound | None = None
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if not budget.take():
+                    break
+                if _ignored(entry.name):
+                    continue
+                found = _examine(entry.path, entry, depth, budget)
+                if found and (best is None or found.mtime > best.mtime):
+                    best = found
+    except OSError:
+        pass  # vanished, unreadable: what was seen so far stands
+    return best
+
+
+def _examine(path: str, entry: os.DirEntry | None, depth: int,
+             budget: _Budget) -> CheckpointFound | None:
+    try:
+        # Symlinked files count (a "last.ckpt" link); symlinked dirs are not
+        # entered, so a link loop cannot eat the budget.
+        if entry is not None:
+            is_dir = entry.is_dir(follow_symlinks=False)
+            is_file = not is_dir and entry.is_file()
+            mtime = entry.stat().st_mtime if is_file else 0.0
+        else:
+            is_dir = os.path.isdir(path) and not os.path.islink(path)
+            is_file = not is_dir and os.path.isfile(path)
+            mtime = os.stat(path).st_mtime if is_file else 0.0
+    except OSError:
+        return None
+    if is_file:
+        return CheckpointFound(path, mtime)
+    if is_dir and depth > 0:
+        return _newest_under(path, depth - 1, budget)
+    return None
+
+
+def _glob(base: str, parts: Sequence[str], budget: _Budget) -> Iterator[str]:
+    """Paths matching the remaining pattern ``parts`` below ``base``; like
+    :mod:`glob` (``*`` skips hidden names, ``**`` is one level) but every
+    directory entry read counts against the budget."""
+    if not parts:
+        yield base
+        return
+    head, rest = parts[0], parts[1:]
+    if not head or not glob.has_magic(head):
+        yield from _glob(os.path.join(base, head) if head else base, rest, budget)
+        return
+    matched = []
+    try:
+        with os.scandir(base) as entries:
+            for entry in entries:
+                if not budget.take():
+                    break
+                if entry.name.startswith(".") and not head.startswith("."):
+                    continue
+                if fnmatch.fnmatchcase(entry.name, head.replace("**", "*")) and (
+                        not rest or entry.is_dir()):
+                    matched.append(entry.path)
+    except OSError:
+        return
+    for path in sorted(matched):
+        yield from _glob(path, rest, budget)
+
+
+def newest_checkpoint(ckpt_spec: str, max_entries: int = MAX_ENTRIES,
+                      max_depth: int = MAX_DEPTH) -> CheckpointFound | None:
+    """The newest finished checkpoint file under ``ckpt_spec`` (a file, a
+    directory or a glob), as ``(path, mtime)``; None when there is none.
+
+    Temporary and hidden names (``*.tmp``, ``.foo``, ``tmp-checkpoint-500``) are
+    skipped with everything below them. At most ``max_entries`` directory entries
+    are read and ``max_depth`` levels of subdirectories entered below the path
+    or a glob's matches, so a huge tree costs a bounded scan (the answer is then the newest
+    among the entries seen).
+    """
+    if not ckpt_spec:
+        return None
+    budget = _Budget(max_entries)
+    if not glob.has_magic(ckpt_spec):
+        return _examine(ckpt_spec, None, max_depth + 1, budget)
+    root = os.sep if ckpt_spec.startswith(os.sep) else os.curdir
+    best: CheckpointFound | None = None
+    for path in _glob(root, ckpt_spec.split(os.sep), budget):
+        if _ignored(os.path.basename(path)):
+            continue
+        found = _examine(path, None, max_depth + 1, budget)
+        if found and (best is None or found.mtime > best.mtime):
+            best = found
+    return best
+
+
+# ------------------------------------------------------------ log wordings
+
+_STEP_IN_PATH = re.compile(r"(?:global_step|checkpoint-|iter_|iteration[-_]|step[-_=]?)(\d+)",
+                           re.IGNORECASE)
+_STEP_IN_LINE = re.compile(r"\b(?:global[_ ]step|step|iteration|iter)\b\s*[=:]?\s*(\d+)",
+                           re.IGNORECASE)
+_PATH = r"""['"]?(?P<path>/[^\s'",\]\[]+|[A-Za-z0-9_.-]+/[^\s'",\]\[]+)['"]?"""
+_FAILED = re.compile(r"\b(?:fail(?:ed|ure)?|error|unable|could not|cannot|can't|not saved)\b",
+                     re.IGNORECASE)
+
+# (name, regex). Named groups: path, step. Checked in order; the first wins.
+_SAVED = tuple((name, re.compile(rx, re.IGNORECASE)) for name, rx in (
+    # Megatron-LM: "successfully saved checkpoint from iteration    2000 to /ckpt/gpt
+    # [ t 1/2, p 1/1 ]"
+    ("megatron", r"successfully saved checkpoint (?:from|at) iteration\s+(?P<step>\d+)\s+to\s+"
+                 + _PATH),
+    # Lightning ModelCheckpoint (NeMo too): "Epoch 2, global step 900: 'val_loss' reached
+    # 1.23 (best 1.23), saving model to "/ckpt/epoch=2-step=900.ckpt" as top 1"
+    ("lightning", r"\bEpoch \d+, global step (?P<step>\d+):.*?\bsaving model to\s+" + _PATH),
+    # NeMo async save: "Async checkpoint save for step 900 (/ckpt/x.ckpt) finalized successfully."
+    ("nemo", r"checkpoint save for step (?P<step>\d+) \((?P<path>[^)]+)\) finalized"),
+    # DeepSpeed: "[Torch] Checkpoint global_step900 is ready now!"
+    ("deepspeed", r"\bCheckpoint (?P<path>\S*?global_step(?P<step>\d+)\S*) is ready now"),
+    # DeepSpeed: "Saving model checkpoint: /ckpt/global_step900/mp_rank_00_model_states.pt";
+    # Hugging Face Trainer: "Saving model checkpoint to /out/checkpoint-900"
+    ("hf_or_deepspeed", r"\bSaving model checkpoint(?: to|:)\s+" + _PATH),
+    # TorchTitan: "Saving a full checkpoint at last step, step 900." / "Finished saving
+    # the checkpoint (or staging if async is enabled)in 2.31 seconds."
+    ("torchtitan", r"\bSaving (?:a |the )?(?:full |model[- ]weights[- ]only )?checkpoint "
+                   r"at (?:last )?step,? step (?P<step>\d+)"),
+    ("torchtitan", r"\bFinished saving the checkpoint\b"),
+    # NeMo/Lightning and others: "Saving checkpoint to /ckpt/last.ckpt", "Saving checkpoint: PATH"
+    ("generic", r"\bSaving (?:the |a |latest )?checkpoint(?: to|:)\s+" + _PATH),
+    # generic, and examples/train.py: "checkpoint saved: /ckpt/step-000050.json step=50",
+    # "saved checkpoint to PATH", "checkpoint written to PATH", "checkpoint saved"
+    ("generic", r"\b(?:checkpoint (?:saved|written|stored)|(?:saved|wrote) (?:a |the )?"
+                r"checkpoint)\b(?:\s*(?:to|at|in|:)\s*" + _PATH + ")?"),
+))
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """A checkpoint an attempt produced: path and step when known, and when
+    (the save line's time, or the file's mtime). ``source`` is ``log:<wording>``
+    or ``ckpt`` (found under the ckpt= path)."""
+
+    path: str | None
+    step: int | None
+    time: float
+    source: str = ""
+
+    def newer_than(self, other: "CheckpointRecord | None") -> bool:
+        """Whether this checkpoint is progress over ``other``: a higher step
+        when both steps are known, else a later time."""
+        if other is None:
+            return True
+        if self.step is not None and other.step is not None:
+            return self.step > other.step
+        return self.time > other.time
+
+
+def step_from_path(path: str | None) -> int | None:
+    """The step a checkpoint's name carries (``global_step900``, ``checkpoint-900``,
+    ``iter_0000900``, ``epoch=2-step=900.ckpt``, ``step-000900.json``), if any."""
+    if not path:
+        return None
+    found = _STEP_IN_PATH.findall(path)
+    return int(found[-1]) if found else None
+
+
+def parse_saved(line: str) -> tuple[str, str | None, int | None] | None:
+    """``(wording, path, step)`` when ``line`` says a checkpoint was saved."""
+    low = line.lower()
+    if "checkpoint" not in low and "saving model" not in low:
+        return None
+    if _FAILED.search(line):
+        return None
+    for name, pattern in _SAVED:
+        match = pattern.search(line)
+        if not match:
+            continue
+        groups = match.groupdict()
+        path = (groups.get("path") or "").strip("'\"").rstrip(".") or None
+        step = groups.get("step")
+        if step is None:
+            found = _STEP_IN_LINE.search(line[match.start():]) or _STEP_IN_LINE.search(line)
+            step = found.group(1) if found else None
+        return name, path, int(step) if step is not None else step_from_path(path)
+    return None
+
+
+class CheckpointWatcher:
+    """The newest checkpoint one attempt has produced, from log lines and scans."""
+
+    def __init__(self) -> None:
+        self.newest: CheckpointRecord | None = None
+
+    def _keep(self, record: CheckpointRecord) -> None:
+        old = self.newest
+        if old is not None and record.step is None and old.step is not None \
+                and record.path and old.path and record.path.startswith(old.path):
+            record = replace(record, step=old.step)  # a scan of the save just logged
+        if old is None or record.newer_than(old) or (
+                record.step is None and old.step is None and record.time >= old.time):
+            self.newest = record
+
+    def feed(self, time: float, line: str) -> CheckpointRecord | None:
+        """Take one log line; the record when it announced a save."""
+        saved = parse_saved(line)
+        if saved is None:
+            return None
+        name, path, step = saved
+        record = CheckpointRecord(path, step, time, f"log:{name}")
+        self._keep(record)
+        return record
+
+    def observe(self, found: CheckpointFound | None, started: float | None = None
+                ) -> CheckpointRecord | None:
+        """Take the result of :func:`newest_checkpoint`. Files older than the
+        attempt's start (``started``) were written by an earlier attempt and are
+        not this attempt's progress."""
+        if found is None or (started is not None and found.mtime < started):
+            return None
+        record = CheckpointRecord(found.path, step_from_path(found.path), found.mtime, "ckpt")
+        self._keep(record)
+        return record
+
+
+def attempts_without_progress(attempt_ckpts: Sequence[CheckpointRecord | None]) -> int:
+    """How many of the most recent attempts produced no checkpoint newer than
+    every attempt before them. ``attempt_ckpts`` holds each attempt's newest
+    checkpoint, oldest attempt first (None: it saved nothing).
+
+    ``[a(step 100), b(step 200)]`` -> 0; ``[a(step 100), None, a(step 100)]`` -> 2;
+    ``[None, None]`` -> 2.
+    """
+    best: CheckpointRecord | None = None
+    streak = 0
+    for record in attempt_ckpts:
+        if record is not None and record.newer_than(best):
+            best, streak = record, 0
+        else:
+            streak += 1
+    return streak
