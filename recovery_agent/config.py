@@ -62,6 +62,8 @@ class AgentConfig:
     poll_interval: float = _doc("Time between scheduler polls (one batched query each).",
                                 duration=True, default=2.0)
     log_level: str = _doc("DEBUG, INFO, WARNING or ERROR.", default="INFO")
+    patterns_dir: str = _doc("A directory of the site's own pattern packs (*.toml), "
+                             "loaded after the shipped ones.", default="")
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,6 @@ class Ingest:
         self.store = store
         self.cluster = cluster
         self.jobs = jobs
-        self._lock = threading.Lock()
         if jobs is not None:
             jobs.on_refresh.append(self.complete_submit_times)
 
@@ -165,7 +164,7 @@ class Ingest:
     def store_report(self, hook: str, report: dict, sender_uid: int | None = None) -> StoredReport:
         """Store one validated report atomically; a known report_id is a no-op."""
         db = self.store.db
-        with self._lock, db.atomic():
+        with self.store.lock, db.atomic():
             existing = list(db["node_reports"].rows_where("report_id = ?",
                                                           [report["report_id"]], limit=1))
             if existing:
@@ -226,7 +225,7 @@ class Ingest:
     def complete_submit_times(self, listed: dict[str, Job]) -> None:
         """Give jobs stored before the scheduler listed them their real submit
         time (and so their full key), unless that key is taken already."""
-        with self._lock, self.store.db.atomic():
+        with self.store.lock, self.store.db.atomic():
             rows = list(self.store.db["jobs"].rows_where(
                 "cluster = ? and submit_time = 0", [self.cluster]))
             for row in rows:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 from sqlite_utils import Database
 from sqlite_utils.db import NotFoundError
@@ -34,6 +35,9 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
             self.db = Database(conn)
+            # one connection shared by the API threads and the watch loop: every
+            # multi-statement write holds this lock so transactions never interleave
+            self.lock = threading.RLock()
             self.db.enable_wal()
             self.db.execute("PRAGMA foreign_keys = ON")
             self.db.execute("PRAGMA synchronous = NORMAL")
@@ -125,6 +129,13 @@ class Store:
             return self.db["attempts"].insert({"job": job_pk, "attempt": job.restart_count,
                                                "first_seen": now, **values}).last_pk
 
+    def set_attempt_checkpoint(self, job_pk: int, attempt: int, path: str, step: int | None,
+                               when: float) -> None:
+        """Note the newest checkpoint of an attempt (the attempt row must exist)."""
+        with self.db.atomic():
+            self.db.execute("update attempts set ckpt_path = ?, ckpt_step = ?, ckpt_time = ? "
+                            "where job = ? and attempt = ?", [path, step, when, job_pk, attempt])
+
     def attempts(self, job_pk: int) -> list[dict]:
         rows = list(self.db["attempts"].rows_where("job = ?", [job_pk], order_by="attempt"))
         for row in rows:
@@ -166,3 +177,31 @@ class Store:
         for row in rows:
             row["evidence"] = json.loads(row["evidence"] or "{}")
         return rows
+
+    # -- log cursors -------------------------------------------------------
+    def log_cursors(self) -> dict[str, tuple[int, int, int]]:
+        """Where the log tailer stopped: {path: (inode, offset, lineno)}."""
+        rows = self.db.execute('select path, inode, "offset", lineno from log_cursors')
+        return {path: (inode, offset, lineno) for path, inode, offset, lineno in rows}
+
+    def save_log_cursors(self, cursors: Mapping[str, tuple[int, int, int]]) -> None:
+        """Insert or update many cursors in one transaction."""
+        now = time.time()
+        rows = [(path, ino, off, n, now) for path, (ino, off, n) in cursors.items()]
+        try:
+            with self.db.atomic():
+                self.db.conn.executemany(
+                    'insert into log_cursors (path, inode, "offset", lineno, updated) '
+                    "values (?, ?, ?, ?, ?) on conflict(path) do update set "
+                    'inode = excluded.inode, "offset" = excluded."offset", '
+                    "lineno = excluded.lineno, updated = excluded.updated", rows)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot save log cursors: {exc}") from None
+
+    def forget_log_cursors(self, paths: Iterable[str]) -> None:
+        try:
+            with self.db.atomic():
+                self.db.conn.executemany("delete from log_cursors where path = ?",
+                                         [(path,) for path in paths])
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot forget log cursors: {exc}") from None

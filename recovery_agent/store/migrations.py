@@ -86,9 +86,28 @@ def m002_node_reports(db: Database) -> None:
     db["xids"].create_index(["node", "time"])
 
 
+def m003_log_cursors(db: Database) -> None:
+    """Where the log tailer stands in each job output file (inode, byte offset
+    of the first undelivered line, lines delivered), so that an agent restart
+    resumes there instead of reading every file from the start."""
+    db["log_cursors"].create({
+        "path": str, "inode": int, "offset": int, "lineno": int, "updated": float,
+    }, pk="path", not_null={"inode", "offset", "lineno"})
+
+
+def m004_attempt_checkpoints(db: Database) -> None:
+    """The newest checkpoint seen during each attempt, for the policy "no new
+    checkpoint over the last K attempts"."""
+    db["attempts"].add_column("ckpt_path", str)
+    db["attempts"].add_column("ckpt_step", int)
+    db["attempts"].add_column("ckpt_time", float)
+
+
 MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("001_initial", m001_initial),
     ("002_node_reports", m002_node_reports),
+    ("003_log_cursors", m003_log_cursors),
+    ("004_attempt_checkpoints", m004_attempt_checkpoints),
 ]
 
 

@@ -1,0 +1,561 @@
+"""Follow the output files of tracked jobs, many at once, cheaply.
+
+Each poll stats every watched path and reads only the files whose inode, size
+or mtime changed, within a byte budget per file and per poll. It returns the
+complete lines that appeared since the previous poll.
+
+* A path that does not exist yet costs one failed stat per poll until it does.
+* A file shorter than the read position was truncated: reading restarts at 0.
+* A new inode at the path (rotation, replacement), or the path seen missing and
+  back, first finishes the old file, through the descriptor still open or found
+  by inode beside it (``out.1``), delivers its partial last line, then reads
+  the new file from 0.
+* Inode numbers come back quickly (ext4, tmpfs), and a requeued job's output is
+  truncated and rewritten under the same inode. So each read starts one byte
+  early: if that byte is not the one read there before, the file is read again
+  from 0.
+* Line numbers start at 1 in each file; truncation and a new inode start again.
+* A line longer than ``max_line`` bytes is cut there; the rest of it, up to its
+  newline, is skipped without being held in memory.
+* At most ``max_open`` descriptors stay open, least recently used closed first;
+  a file is reopened by path, its inode checked, and read at the saved offset.
+* Errors (permission, a directory in place of the file, I/O) are recorded per
+  path and logged once; they never escape :meth:`Tailer.poll`.
+
+Cursors (inode, offset just after the last newline delivered, lines delivered)
+go to a :class:`CursorStore` every ``save_interval`` seconds and on
+:meth:`Tailer.close`, so an agent restart resumes where it stopped. After a
+crash, up to ``save_interval`` seconds of lines may come again, and a partial
+line delivered by :meth:`Tailer.flush_partial` comes again once, with its
+line number, if the file is followed again after a restart.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import time
+from collections import OrderedDict
+from typing import Iterable, Mapping, NamedTuple, Protocol
+
+from ..errors import RecoveryError
+
+log = logging.getLogger(__name__)
+
+MAX_LINE = 64 * 1024         # bytes kept of one line
+FILE_BUDGET = 1 << 20        # bytes read from one file in one poll
+READ_BUDGET = 16 << 20       # bytes read from all files in one poll
+CHUNK = 256 * 1024           # one pread
+MAX_REPORT_LINES = 10_000    # log lines taken from one node report
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+
+Cursor = tuple[int, int, int]  # (inode, offset, lineno)
+
+
+class LogLine(NamedTuple):
+    """One complete line of a job's output.
+
+    ``offset`` is the byte offset of the line's start in its file (-1 for lines
+    that came inside a node report); ``capped`` says the line was cut at the
+    length limit. A named tuple, because thousands are made each second.
+    """
+
+    key: str
+    path: str
+    lineno: int
+    text: str
+    offset: int
+    capped: bool = False
+
+
+class CursorStore(Protocol):
+    """Where the tailer keeps its cursors between agent runs."""
+
+    def load_all(self) -> dict[str, Cursor]: ...
+
+    def save_many(self, cursors: Mapping[str, Cursor]) -> None: ...
+
+    def forget(self, paths: Iterable[str]) -> None: ...
+
+
+class MemoryCursorStore:
+    """Cursors in a dict: for tests and for running without a store."""
+
+    def __init__(self) -> None:
+        self.cursors: dict[str, Cursor] = {}
+
+    def load_all(self) -> dict[str, Cursor]:
+        return dict(self.cursors)
+
+    def save_many(self, cursors: Mapping[str, Cursor]) -> None:
+        self.cursors.update(cursors)
+
+    def forget(self, paths: Iterable[str]) -> None:
+        for path in paths:
+            self.cursors.pop(path, None)
+
+
+class SqliteCursorStore:
+    """Cursors in the agent's store (table ``log_cursors``)."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def load_all(self) -> dict[str, Cursor]:
+        return self.store.log_cursors()
+
+    def save_many(self, cursors: Mapping[str, Cursor]) -> None:
+        self.store.save_log_cursors(cursors)
+
+    def forget(self, paths: Iterable[str]) -> None:
+        self.store.forget_log_cursors(paths)
+
+
+def _text(raw: bytes) -> str:
+    text = raw.decode("utf-8", "replace")
+    if text.endswith("\r"):
+        text = text[:-1]
+    if "\x00" in text:
+        text = text.replace("\x00", "")
+    return text
+
+
+class _Watch:
+    """The state of one followed path."""
+
+    __slots__ = ("path", "key", "ino", "pos", "last", "start", "lineno", "partial", "capped",
+                 "mark", "mark_lineno", "gone", "sig", "fd", "error", "behind", "served",
+                 "saved")
+
+    def __init__(self, path: str, key: str, cursor: Cursor | None) -> None:
+        self.path = path
+        self.key = key
+        self.ino, self.pos, self.lineno = cursor if cursor else (None, 0, 0)
+        self.last = b"\n" if self.pos else b""  # the byte at pos - 1
+        self.start = self.pos          # offset of the held partial line
+        self.partial = b""             # at most max_line bytes
+        self.capped = False            # the held line went past max_line
+        self.mark, self.mark_lineno = self.pos, self.lineno  # after the last newline
+        self.gone = False              # the path was seen missing
+        self.sig: tuple | None = None  # (inode, size, mtime) when last read
+        self.fd: int | None = None
+        self.error: str | None = None
+        self.behind = False            # unread bytes left by the budget
+        self.served = 0                # the poll that last read it
+        self.saved = cursor
+
+    def restart(self, ino: int) -> None:
+        self.ino, self.pos, self.start, self.lineno = ino, 0, 0, 0
+        self.mark = self.mark_lineno = 0
+        self.last = self.partial = b""
+        self.capped = self.gone = False
+
+
+class Tailer:
+    """Follow many files by path; see the module docstring."""
+
+    def __init__(self, cursor_store: CursorStore | None = None, *, max_open: int = 256,
+                 max_line: int = MAX_LINE, file_budget: int = FILE_BUDGET,
+                 read_budget: int = READ_BUDGET, save_interval: float = 5.0) -> None:
+        if min(max_open, max_line, file_budget, read_budget) < 1:
+            raise ValueError("max_open, max_line and the budgets must be positive")
+        self.max_open = max_open
+        self.max_line = max_line
+        self.file_budget = file_budget
+        self.read_budget = read_budget
+        self.save_interval = save_interval
+        self._store = cursor_store
+        self._cursors = cursor_store.load_all() if cursor_store else {}
+        self._watches: dict[str, _Watch] = {}
+        self._open: OrderedDict[str, _Watch] = OrderedDict()  # least recently used first
+        self._polls = 0
+        self._last_save = time.monotonic()
+
+    # -- the watch list ----------------------------------------------------
+    def add(self, path: str | os.PathLike, key: str) -> None:
+        """Follow ``path``, tagging its lines with ``key``; resume at its saved
+        cursor if there is one."""
+        path = os.fspath(path)
+        watch = self._watches.get(path)
+        if watch is not None:
+            watch.key = key
+        else:
+            self._watches[path] = _Watch(path, key, self._cursors.pop(path, None))
+
+    def remove(self, path: str | os.PathLike, forget: bool = False) -> None:
+        """Stop following ``path``. Its cursor is kept (a requeued job may append
+        to the same file) unless ``forget``."""
+        path = os.fspath(path)
+        watch = self._watches.pop(path, None)
+        if watch is None:
+            return
+        self._close(watch)
+        if forget:
+            self._store_call("forget", [path])
+        elif watch.ino is not None and watch.saved != self._cursor(watch):
+            self._store_call("save_many", {path: self._cursor(watch)})
+
+    @property
+    def paths(self) -> list[str]:
+        return list(self._watches)
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
+    @property
+    def backlog(self) -> int:
+        """How many files have bytes the budget left unread."""
+        return sum(1 for w in self._watches.values() if w.behind)
+
+    @property
+    def errors(self) -> dict[str, str]:
+        return {w.path: w.error for w in self._watches.values() if w.error}
+
+    # -- reading -----------------------------------------------------------
+    def poll(self) -> list[LogLine]:
+        """The complete lines written since the last poll, file by file, in order."""
+        self._polls += 1
+        todo = []
+        any_behind = False
+        for w in self._watches.values():
+            try:
+                st = os.stat(w.path)
+            except FileNotFoundError:
+                w.error = None
+                if w.fd is not None:  # deleted: read what its descriptor still has
+                    todo.append((w, None))
+                else:
+                    w.behind = False
+                w.gone = w.ino is not None
+                continue
+            except OSError as exc:
+                self._fail(w, exc)
+                continue
+            if w.behind or w.sig != (st.st_ino, st.st_size, st.st_mtime_ns):
+                todo.append((w, st))
+                any_behind = any_behind or w.behind
+        if any_behind:  # least recently served first, so no file starves
+            todo.sort(key=lambda item: item[0].served)
+        out: list[LogLine] = []
+        budget = self.read_budget
+        for w, st in todo:
+            if budget <= 0:
+                w.behind = True
+                continue
+            w.served = self._polls
+            budget -= self._service(w, st, min(budget, self.file_budget), out)
+        if time.monotonic() - self._last_save >= self.save_interval:
+            self.save()
+        return out
+
+    def flush_partial(self, path: str | os.PathLike) -> list[LogLine]:
+        """Read ``path`` to its end and deliver its last line even without a
+        newline: for a job that has ended."""
+        watch = self._watches.get(os.fspath(path))
+        if watch is None:
+            return []
+        out: list[LogLine] = []
+        try:
+            st = os.stat(watch.path)
+        except FileNotFoundError:
+            st = None
+        except OSError as exc:
+            self._fail(watch, exc)
+            return out
+        self._service(watch, st, 1 << 62, out)
+        self._finish(watch, out)
+        return out
+
+    def _service(self, w: _Watch, st: os.stat_result | None, limit: int,
+                 out: list[LogLine]) -> int:
+        """Read up to ``limit`` bytes of one file; return the bytes read."""
+        try:
+            if st is None:  # gone: finish what its descriptor still holds
+                got = self._read(w, w.fd, limit, out) if w.fd is not None else None
+                used, eof = got or (0, True)
+                w.behind = not eof
+                if eof:
+                    self._close(w)
+                return used
+            if not stat.S_ISREG(st.st_mode):
+                code = errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL
+                raise OSError(code, "not a regular file")
+            used = 0
+            if w.ino is None:
+                w.restart(st.st_ino)
+            elif w.ino != st.st_ino or w.gone:
+                used, done = self._finish_old(w, limit, out)
+                if not done:
+                    w.behind = True
+                    return used
+                log.info("log replaced, reading the new file from its start: path=%s", w.path)
+                w.restart(st.st_ino)
+            elif st.st_size < w.pos:
+                log.warning("log truncated, reading again from its start: path=%s size=%d "
+                            "offset=%d", w.path, st.st_size, w.pos)
+                self._finish(w, out)
+                w.restart(st.st_ino)
+            got = self._read_current(w, st, limit - used, out)
+            if got is None:  # replaced between stat and open: the next poll sees it
+                w.sig = None
+                return used
+            w.behind = not got[1]
+            w.sig = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if w.error:
+                log.info("log readable again: path=%s", w.path)
+                w.error = None
+            return used + got[0]
+        except OSError as exc:
+            self._fail(w, exc)
+            return 0
+
+    def _read_current(self, w: _Watch, st: os.stat_result, limit: int,
+                      out: list[LogLine]) -> tuple[int, bool] | None:
+        """Read the file the path names now, opening it if needed."""
+        if w.fd is not None:
+            self._open.move_to_end(w.path)
+            fd = w.fd
+        else:
+            fd = self._open_fd(w, w.path)
+            if fd is None:
+                return None
+        try:
+            got = self._read(w, fd, limit, out, st.st_size)
+            if got is None:
+                log.warning("log rewritten under the same inode, reading again from its "
+                            "start: path=%s", w.path)
+                self._finish(w, out)
+                w.restart(st.st_ino)
+                got = self._read(w, fd, limit, out, st.st_size)
+            return got
+        finally:
+            if w.fd != fd:  # not kept open
+                os.close(fd)
+
+    def _finish_old(self, w: _Watch, limit: int, out: list[LogLine]) -> tuple[int, bool]:
+        """Read the rest of the file the path no longer names; deliver its
+        partial line at its end. Return (bytes read, finished)."""
+        if w.fd is not None:
+            got = self._read(w, w.fd, limit, out)
+        else:
+            found = self._find_inode(w)
+            fd = self._open_fd(w, found) if found else None
+            got = None
+            if fd is not None:
+                try:
+                    got = self._read(w, fd, limit, out)
+                finally:
+                    if w.fd != fd:
+                        os.close(fd)
+        used, eof = got or (0, True)
+        if eof:
+            self._finish(w, out)
+            self._close(w)
+        return used, eof
+
+    def _find_inode(self, w: _Watch) -> str | None:
+        """The rotated file (same directory, name starting with ours) that still
+        has the inode we followed."""
+        folder, name = os.path.split(w.path)
+        try:
+            with os.scandir(folder or ".") as entries:
+                for entry in entries:
+                    if entry.name != name and entry.name.startswith(name) \
+                            and entry.inode() == w.ino:
+                        return entry.path
+        except OSError:
+            pass
+        return None
+
+    def _read(self, w: _Watch, fd: int, limit: int, out: list[LogLine],
+              size: int | None = None) -> tuple[int, bool] | None:
+        """Read from ``w.pos`` up to ``limit`` bytes and at most to ``size`` (the
+        file's size when last stat'ed); return (bytes read, at the end).
+
+        The first read starts a byte early: if that byte is not the one read
+        there before, the file was truncated and rewritten, or another file got
+        its inode number, and the answer is None. Reads ask for what the file
+        holds, not a fixed chunk: a large buffer costs an mmap per call.
+        """
+        if size is None:
+            size = os.fstat(fd).st_size
+        used = 0
+        back = 1 if w.pos else 0
+        while True:
+            want = min(CHUNK, limit - used, size - w.pos)
+            if want < 0:
+                want = 0
+            if not want and not back:
+                return used, w.pos >= size
+            data = os.pread(fd, want + back, w.pos - back)
+            if back:
+                if data[:1] != w.last:
+                    return None
+                data = data[1:]
+                back = 0
+            if data:
+                self._feed(w, data, out)
+                used += len(data)
+            if len(data) < want:
+                return used, True
+
+    def _feed(self, w: _Watch, data: bytes, out: list[LogLine]) -> None:
+        """Split new bytes into lines; hold the unfinished last one."""
+        cap = self.max_line
+        pieces = data.split(b"\n")
+        tail = pieces.pop()
+        offset = w.pos
+        w.pos += len(data)
+        w.last = data[-1:]
+        if pieces:
+            first = pieces[0]
+            if w.partial or w.capped:
+                self._hold(w, first)
+                raw, capped = w.partial, w.capped
+                w.partial, w.capped = b"", False
+            else:
+                raw, capped = (first, False) if len(first) <= cap else (first[:cap], True)
+            offset += len(first) + 1
+            w.lineno += 1
+            out.append(LogLine(w.key, w.path, w.lineno, _text(raw), w.start, capped))
+            for piece in pieces[1:]:
+                w.lineno += 1
+                if len(piece) <= cap:
+                    out.append(LogLine(w.key, w.path, w.lineno, _text(piece), offset))
+                else:
+                    out.append(LogLine(w.key, w.path, w.lineno, _text(piece[:cap]), offset, True))
+                offset += len(piece) + 1
+            w.start = w.mark = offset
+            w.mark_lineno = w.lineno
+        if tail:
+            self._hold(w, tail)
+
+    def _hold(self, w: _Watch, data: bytes) -> None:
+        room = self.max_line - len(w.partial)
+        if room > 0:
+            w.partial += data[:room]
+        if len(data) > room:
+            w.capped = True
+
+    def _finish(self, w: _Watch, out: list[LogLine]) -> None:
+        """Deliver the held partial line as a line of its own."""
+        if w.partial or w.capped:
+            w.lineno += 1
+            out.append(LogLine(w.key, w.path, w.lineno, _text(w.partial), w.start, w.capped))
+            w.partial, w.capped = b"", False
+        w.start = w.pos
+
+    # -- descriptors -------------------------------------------------------
+    def _open_fd(self, w: _Watch, path: str) -> int | None:
+        """Open ``path`` if it still is ``w``'s inode (else None).
+
+        The descriptor is kept as ``w.fd``, closing the least recently used one
+        at the limit, unless that one was used in this poll or the last: then
+        the caller closes it after reading. With more busy files than
+        descriptors, plain LRU would close each one just before its next use.
+        """
+        fd = os.open(path, _OPEN_FLAGS)
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            raise
+        if st.st_ino != w.ino or not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return None
+        if len(self._open) >= self.max_open:
+            oldest = next(iter(self._open.values()))
+            if oldest.served >= self._polls - 1:
+                return fd
+            self._close(oldest)
+        w.fd = fd
+        self._open[w.path] = w
+        return fd
+
+    def _close(self, w: _Watch) -> None:
+        if w.fd is not None:
+            try:
+                os.close(w.fd)
+            except OSError:
+                pass
+            w.fd = None
+        self._open.pop(w.path, None)
+
+    def _fail(self, w: _Watch, exc: OSError) -> None:
+        message = f"{type(exc).__name__}: {exc.strerror or exc}"
+        if message != w.error:
+            log.warning("cannot read log: path=%s error=%s", w.path, message)
+            w.error = message
+        w.sig = None
+        w.behind = False
+        self._close(w)
+
+    # -- cursors -----------------------------------------------------------
+    @staticmethod
+    def _cursor(w: _Watch) -> Cursor:
+        return (w.ino, w.mark, w.mark_lineno)
+
+    def save(self) -> None:
+        """Write the cursors that moved since the last save."""
+        self._last_save = time.monotonic()
+        changed = {path: self._cursor(w) for path, w in self._watches.items()
+                   if w.ino is not None and w.saved != self._cursor(w)}
+        if changed and self._store_call("save_many", changed):
+            for path, cursor in changed.items():
+                self._watches[path].saved = cursor
+
+    def _store_call(self, method: str, arg) -> bool:
+        if self._store is None:
+            return False
+        try:
+            getattr(self._store, method)(arg)
+            return True
+        except (RecoveryError, OSError) as exc:
+            log.warning("cannot %s log cursors: %s", method.replace("_", " "), exc)
+            return False
+
+    def close(self) -> None:
+        """Save the cursors and close every descriptor."""
+        self.save()
+        for w in list(self._open.values()):
+            self._close(w)
+
+    def __enter__(self) -> "Tailer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def lines_from_report(report: dict, key: str | None = None,
+                      max_line: int = MAX_LINE) -> list[LogLine]:
+    """The lines a node report carries in its optional ``log_lines`` field,
+    ``[{"text": ..., "source": ...}]``.
+
+    The path is ``hook:<node>/<hook>``, with ``:<source>`` added when the entry
+    names one; line numbers count within the report. The key defaults to the
+    report's job id. Entries that are not objects with a text are skipped; text
+    is cleaned as file lines are (length cap, CR, NUL).
+    """
+    entries = report.get("log_lines") if isinstance(report, dict) else None
+    if not isinstance(entries, list):
+        return []
+    job = report.get("job")
+    if key is None:
+        key = str(job.get("job_id", "")) if isinstance(job, dict) else ""
+    base = f"hook:{report.get('node', '')}/{report.get('hook', '')}"
+    counts: dict[str, int] = {}
+    out: list[LogLine] = []
+    for entry in entries[:MAX_REPORT_LINES]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("text"), str):
+            continue
+        source = entry.get("source")
+        path = f"{base}:{source}" if isinstance(source, str) and source else base
+        raw = entry["text"].encode("utf-8", "replace")
+        for piece in raw.rstrip(b"\n").split(b"\n"):
+            counts[path] = counts.get(path, 0) + 1
+            out.append(LogLine(key, path, counts[path], _text(piece[:max_line]), -1,
+                               len(piece) > max_line))
+    return out
