@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 
 import click
 
@@ -11,25 +12,39 @@ from .config import Config, load
 from .errors import RecoveryError
 from .ingest import Ingest
 from .jobcache import JobCache
-from .scheduler import select_scheduler
+from .scheduler import Scheduler, select_scheduler
 from .scheduler.runner import SlurmRunner
 from .store import Store
 
 log = logging.getLogger("recovery_agent")
 
 
-def job_cache_for(cfg: Config) -> JobCache | None:
-    """The scheduler's job listing for ingest, or None when no backend can run
-    (ingest then works without the scheduler's submit times)."""
+def scheduler_for(cfg: Config) -> Scheduler | None:
     runner = SlurmRunner(bin_dir=cfg.scheduler.bin_dir, slurm_conf=cfg.scheduler.slurm_conf,
                          timeout=cfg.scheduler.command_timeout)
     try:
-        sched = select_scheduler(cfg.scheduler.backend, runner)
+        return select_scheduler(cfg.scheduler.backend, runner)
     except RecoveryError as exc:
-        log.warning("no scheduler backend (%s); hook reports are stored without the "
-                    "scheduler's submit time", exc)
+        log.warning("no scheduler backend: %s", exc)
         return None
-    return JobCache(sched)
+
+
+def start_watch(cfg: Config, store: Store, sched: Scheduler) -> threading.Event:
+    """The watch loop in a background thread; set the returned event to stop it."""
+    from .detect.patterns import load_rules
+    from .detect.scanner import Scanner
+    from .logs.tail import SqliteCursorStore, Tailer
+    from .watch import Watcher
+
+    site = [cfg.agent.patterns_dir] if cfg.agent.patterns_dir else []
+    scanner = Scanner(load_rules(site))
+    watcher = Watcher(cfg, store, sched, scanner, Tailer(SqliteCursorStore(store)))
+    stop = threading.Event()
+    threading.Thread(target=watcher.run_forever, args=(stop,), name="watch",
+                     daemon=True).start()
+    log.info("watching jobs every %.1fs with %d rules (%s engine)", cfg.agent.poll_interval,
+             len(scanner.rules), scanner.engine_name)
+    return stop
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,7 +53,9 @@ def job_cache_for(cfg: Config) -> JobCache | None:
                                  "/etc/slurm-recovery/recovery.toml].")
 @click.option("--bind", default=None, help="Listen address (overrides api.bind).")
 @click.option("--port", type=int, default=None, help="Listen port (overrides api.port).")
-def main(config_path: str | None, bind: str | None, port: int | None) -> None:
+@click.option("--no-watch", is_flag=True,
+              help="Only serve hook ingest; do not follow jobs' logs.")
+def main(config_path: str | None, bind: str | None, port: int | None, no_watch: bool) -> None:
     """Run the slurm-recovery agent: receive node hook reports and store them.
 
     \b
@@ -58,8 +75,20 @@ def main(config_path: str | None, bind: str | None, port: int | None) -> None:
     import uvicorn
 
     from .api import create_app
-    app = create_app(cfg, Ingest(store, cfg.agent.cluster, job_cache_for(cfg)))
+    sched = scheduler_for(cfg)
+    app = create_app(cfg, Ingest(store, cfg.agent.cluster,
+                                 JobCache(sched) if sched is not None else None))
+    stop = None
+    if sched is not None and not no_watch:
+        try:
+            stop = start_watch(cfg, store, sched)
+        except RecoveryError as exc:
+            raise click.ClickException(str(exc)) from None
     host, listen_port = bind or cfg.api.bind, port or cfg.api.port
     log.info("agent listening on %s:%s, store %s", host, listen_port, cfg.store_path)
-    uvicorn.run(app, host=host, port=listen_port, log_level="warning", access_log=False)
+    try:
+        uvicorn.run(app, host=host, port=listen_port, log_level="warning", access_log=False)
+    finally:
+        if stop is not None:
+            stop.set()
     sys.exit(0)

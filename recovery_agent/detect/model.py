@@ -11,6 +11,12 @@ CATEGORIES = ("gpu_hardware", "interconnect", "nccl_timeout_hang", "cuda_error",
 # Actions a pattern may hint at, and a verdict may recommend.
 ACTIONS = ("requeue_exclude", "requeue", "kill_requeue", "stop", "none")
 SEVERITIES = ("info", "warning", "error", "critical")
+# How a detection relates to a failure, for attribution: ``root`` explains
+# everything else whatever the order (a fatal XID, a node failure); ``cause`` is
+# a first-hand error; ``symptom`` usually follows another failure (a collective
+# timeout, a peer that went away); ``exit`` only reports that a process ended
+# (an exit code, an abort after an uncaught exception).
+ROLES = ("root", "cause", "symptom", "exit")
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,8 @@ class Detection:
 
     ``rule`` is the pattern id (or a detector's name: ``hang``, ``straggler``,
     ``xid``, ``node_fail``...). Attribution fields are filled when the evidence
-    names them: ``host``, ``rank``, ``pci``, ``gpu``, ``xid``.
+    names them: ``host``, ``rank``, ``pci``, ``gpu``, ``xid``. ``role`` is one
+    of :data:`ROLES` and tells attribution how much the detection explains.
     """
 
     rule: str
@@ -43,6 +50,7 @@ class Detection:
     gpu: str | None = None
     xid: int | None = None
     detail: str = ""
+    role: str = "cause"
 
     @property
     def line(self) -> int | None:

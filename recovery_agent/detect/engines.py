@@ -1,0 +1,275 @@
+"""Multi-pattern engines: which lines of a block which rules may match.
+
+A block is complete lines joined by LF, as bytes. Both engines return the
+candidate lines, each as (index in the block, byte offset, rule indexes);
+the scanner confirms every candidate with the rule's Python regex (which also
+supplies the named groups), so the engines yield identical detections as long
+as neither misses a line that Python would match. The pseudo rule TRACEBACK
+marks lines that open a Python traceback.
+
+* ``re``: a literal prefilter. Each rule gets the literals one of which must
+  occur in any line it matches (read off the parsed regex). Lines and literals
+  are compared normalized (ASCII lowercase, digits as 0), so lines differing
+  only in numbers collapse into one shape; each distinct shape is searched
+  once per literal with ``bytes.find``. A training log has few shapes.
+* ``hyperscan``: every rule in one compiled database, scanned over the whole
+  block at once; each reported match end marks its line.
+
+``make_engine(rules, "auto")`` takes hyperscan when it imports and compiles,
+else ``re``; :func:`hyperscan_probe` says why not.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from bisect import bisect_right
+from collections import defaultdict
+from itertools import accumulate
+from re import _constants as sre_c  # type: ignore[attr-defined]
+from re import _parser as sre_parse  # type: ignore[attr-defined]
+from typing import Sequence
+
+from ..errors import ConfigError
+from .patterns import REGEX_FLAGS, Rule
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("auto", "re", "hyperscan")
+MIN_LITERAL = 3
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+# (line index, offset of the line in the block, rules that may match it)
+Candidates = list[tuple[int, int, set[int]]]
+
+
+# -- required literals -------------------------------------------------------------
+
+def required_literals(regex: str) -> tuple[frozenset[str], bool] | None:
+    """Strings one of which occurs in every match of ``regex``, and whether they
+    are to be compared caseless (lowercased); None when no useful set exists."""
+    tree = sre_parse.parse(regex, REGEX_FLAGS)
+    caseless = bool(tree.state.flags & sre_c.SRE_FLAG_IGNORECASE) or _scoped_caseless(tree)
+    found = _best(tree)
+    if not found or min(map(len, found)) < MIN_LITERAL:
+        return None
+    if caseless:
+        found = {s.translate(_ASCII_LOWER) for s in found}
+    return frozenset(found), caseless
+
+
+def _scoped_caseless(tree) -> bool:
+    for op, av in tree:
+        if op is sre_c.SUBPATTERN and av[1] & sre_c.SRE_FLAG_IGNORECASE:
+            return True
+        if any(_scoped_caseless(sub) for sub in _nested(op, av)):
+            return True
+    return False
+
+
+def _nested(op, av) -> list:
+    if op is sre_c.SUBPATTERN:
+        return [av[3]]
+    if op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT):
+        return [av[2]]
+    if op is sre_c.BRANCH:
+        return list(av[1])
+    return []
+
+
+def _score(options: set[str]) -> tuple:
+    shortest = min(map(len, options))
+    return (min(shortest, 6), -len(options), shortest)
+
+
+def _best(seq) -> set[str] | None:
+    """The best-scoring required literal set of one parsed sequence."""
+    found: list[set[str]] = []
+    run: list[str] = []
+    for op, av in seq:
+        if op is sre_c.LITERAL:
+            run.append(chr(av))
+            continue
+        if run:
+            found.append({"".join(run)})
+            run = []
+        inner: set[str] | None = None
+        if op is sre_c.SUBPATTERN:
+            inner = _best(av[3])
+        elif op is sre_c.BRANCH:
+            options = [_best(alt) for alt in av[1]]
+            if all(options):
+                inner = set().union(*options)
+        elif op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT) and av[0] >= 1:
+            inner = _best(av[2])
+        if inner:
+            found.append(inner)
+    if run:
+        found.append({"".join(run)})
+    return max(found, key=_score) if found else None
+
+
+# -- engines -----------------------------------------------------------------------
+
+# The prefilter compares in a normalized space: ASCII letters lowered and every
+# digit made "0". A line holding a literal still holds the normalized literal,
+# and lines that differ only in numbers (steps, losses, ranks, addresses)
+# become one, so a log is searched once per distinct line shape.
+_NORMALIZE = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456789",
+                             b"abcdefghijklmnopqrstuvwxyz000000000")
+TRACEBACK = -1      # pseudo rule: the line opens a Python traceback
+TRACEBACK_LITERAL = "Traceback (most recent call last)"
+
+
+def normalize(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass").translate(_NORMALIZE)
+
+
+class ReEngine:
+    """Python ``re`` behind a literal prefilter over distinct normalized lines."""
+
+    name = "re"
+
+    def __init__(self, rules: Sequence[Rule]) -> None:
+        table: dict[bytes, set[int]] = defaultdict(set)
+        self.always: list[int] = []       # rules without a usable literal
+        for index, rule in enumerate(rules):
+            found = required_literals(rule.regex)
+            if found is None:
+                self.always.append(index)
+                continue
+            for literal in found[0]:
+                table[normalize(literal)].add(index)
+        table[normalize(TRACEBACK_LITERAL)].add(TRACEBACK)
+        self.literals = sorted(table.items())
+
+    def candidates(self, data: bytes) -> Candidates:
+        shapes = data.translate(_NORMALIZE).split(b"\n")
+        starts = list(accumulate((len(line) + 1 for line in shapes[:-1]), initial=0))
+        distinct = list(dict.fromkeys(shapes))
+        deduped = len(distinct) * 2 <= len(shapes)
+        found = _find_all(distinct if deduped else shapes, self.literals)
+        if deduped:
+            by_shape = {distinct[j]: rules for j, rules in found.items()}
+            found = {i: set(by_shape[shape]) for i, shape in enumerate(shapes)
+                     if shape in by_shape}
+        if self.always:
+            for i in range(len(shapes)):
+                found.setdefault(i, set()).update(self.always)
+        return [(i, starts[i], found[i]) for i in sorted(found)]
+
+
+def _find_all(lines: Sequence[bytes], literals) -> dict[int, set[int]]:
+    """{line index: rules whose literal occurs in it}, one pass per literal."""
+    text = b"\n".join(lines)
+    starts = list(accumulate((len(line) + 1 for line in lines[:-1]), initial=0))
+    last = len(starts) - 1
+    out: dict[int, set[int]] = defaultdict(set)
+    for literal, rules in literals:
+        pos = text.find(literal)
+        while pos >= 0:
+            i = bisect_right(starts, pos) - 1
+            out[i].update(rules)
+            if i >= last:
+                break
+            pos = text.find(literal, starts[i + 1])
+    return out
+
+
+class HyperscanEngine:
+    """One hyperscan block-mode database over every rule (plus the traceback
+    header), scanned over a whole block of lines at once."""
+
+    name = "hyperscan"
+
+    def __init__(self, rules: Sequence[Rule], max_line: int) -> None:
+        import hyperscan
+        expressions = [rule.regex.encode("utf-8") for rule in rules]
+        expressions.append(re.escape(TRACEBACK_LITERAL).encode())
+        self.traceback_id = len(rules)
+        self.every_rule = set(range(len(rules)))
+        self.max_line = max_line
+        self.db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        try:
+            self.db.compile(expressions=expressions, ids=list(range(len(expressions))),
+                            elements=len(expressions),
+                            flags=[hyperscan.HS_FLAG_MULTILINE] * len(expressions))
+        except hyperscan.error:
+            raise ConfigError(_which_rule_fails(hyperscan, rules)) from None
+
+    def candidates(self, data: bytes) -> Candidates:
+        hits: list[tuple[int, int]] = []
+
+        def on_match(rule: int, start: int, end: int, flags: int, context) -> None:
+            hits.append((max(end - 1, 0), TRACEBACK if rule == self.traceback_id else rule))
+
+        self.db.scan(data, match_event_handler=on_match)
+        # Python confirms on lines cut to max_line, where an end anchor or word
+        # boundary can match at the cut: over-long lines get every rule.
+        hits.extend((pos, -2) for pos in _long_lines(data, self.max_line))
+        by_start: dict[int, set[int]] = {}
+        for pos, rule in sorted(hits):
+            line_start = data.rfind(b"\n", 0, pos) + 1
+            rules = by_start.setdefault(line_start, set())
+            rules.update(self.every_rule) if rule == -2 else rules.add(rule)
+        out, index, previous = [], 0, 0
+        for line_start in sorted(by_start):
+            index += data.count(b"\n", previous, line_start)
+            previous = line_start
+            out.append((index, line_start, by_start[line_start]))
+        return out
+
+
+def _long_lines(data: bytes, limit: int) -> list[int]:
+    """An offset inside each line longer than ``limit`` bytes. A line that
+    long covers a whole aligned window of limit/2 bytes holding no newline."""
+    step, out, skip_to = max(limit // 2, 1), [], 0
+    for pos in range(0, len(data), step):
+        if pos < skip_to or data.find(b"\n", pos, pos + step) >= 0:
+            continue
+        start = data.rfind(b"\n", 0, pos) + 1
+        end = data.find(b"\n", pos)
+        end = len(data) if end < 0 else end
+        if end - start > limit:
+            out.append(pos)
+        skip_to = end
+    return out
+
+
+def _which_rule_fails(hyperscan, rules: Sequence[Rule]) -> str:
+    for rule in rules:
+        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        try:
+            db.compile(expressions=[rule.regex.encode("utf-8")], ids=[0], elements=1,
+                       flags=[hyperscan.HS_FLAG_MULTILINE])
+        except hyperscan.error as exc:
+            return f"{rule.source}: rule {rule.id!r}: hyperscan cannot compile the regex: {exc}"
+    return "hyperscan could not compile the pattern database"
+
+
+def hyperscan_probe() -> str | None:
+    """None when the hyperscan engine can run here, else why not."""
+    try:
+        import hyperscan  # noqa: F401
+    except Exception as exc:   # ImportError, or a missing libhs behind it
+        return f"hyperscan does not import: {exc} (pip install 'slurm-recovery[fast]')"
+    return None
+
+
+def make_engine(rules: Sequence[Rule], engine: str = "auto", max_line: int = 1 << 16):
+    """An engine over ``rules``: ``re``, ``hyperscan`` or ``auto`` (hyperscan
+    when it imports and compiles every rule, else ``re``)."""
+    if engine not in ENGINES:
+        raise ConfigError(f"engine {engine!r} is not one of {', '.join(ENGINES)}")
+    if engine == "re":
+        return ReEngine(rules)
+    why = hyperscan_probe()
+    if engine == "hyperscan":
+        if why:
+            raise ConfigError(why)
+        return HyperscanEngine(rules, max_line)
+    if why is None:
+        try:
+            return HyperscanEngine(rules, max_line)
+        except ConfigError as exc:
+            log.warning("scanner: falling back to re: %s", exc)
+    return ReEngine(rules)

@@ -1,0 +1,299 @@
+"""Pattern packs: declarative detection rules in TOML files.
+
+A pack is one ``*.toml`` file holding ``[[rule]]`` tables. The packs shipped
+with slurm-recovery live in ``etc/patterns/``; a site adds its own directories
+(``recovery-ctl patterns test --patterns-dir DIR``, or the agent config). Every
+rule is checked when it loads: a bad regex, an unknown key, a category or
+action outside the model's lists, a duplicate id, or an embedded example that
+does not behave as stated is a :class:`~recovery_agent.errors.ConfigError`
+whose message starts with the file and the rule id.
+
+Keys of one rule (``id``, ``category``, ``regex`` and ``examples.match`` are
+required)::
+
+    id          "area.what", unique over every loaded pack
+    category    one of model.CATEGORIES
+    severity    one of model.SEVERITIES (default "error")
+    action      one of model.ACTIONS: what this evidence alone suggests
+    role        one of model.ROLES (default "cause"), see attribution
+    regex       Python syntax that hyperscan also accepts: no backreferences,
+                lookarounds, conditionals, atomic groups or possessive repeats
+    priority    integer (default 0); on one line only the hits with the highest
+                priority are kept, so generic rules sit below specific ones
+    scope       "line" (default) or "traceback": the rule then only classifies
+                the last line of a Python traceback
+    lookback    0-8 (default 0): when a hit names no pci/gpu, look for one in
+                this many preceding lines (kernel messages wrapped over lines)
+    action_by_xid  true: the action comes from the XID the line carries
+    description free text
+    examples.match / examples.no_match   lines the regex must / must not find
+
+Named groups a regex may use: ``host``, ``rank``, ``pci``, ``xid``, ``gpu``.
+"""
+from __future__ import annotations
+
+import re
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from re import _constants as sre_c  # type: ignore[attr-defined]
+from re import _parser as sre_parse  # type: ignore[attr-defined]
+from typing import Any, Iterable
+
+from slurm_hooks import kmsg
+
+from ..errors import ConfigError
+from .model import ACTIONS, CATEGORIES, ROLES, SEVERITIES
+
+__all__ = ["GROUPS", "Rule", "load_rules", "load_pack", "shipped_dir", "xid_action"]
+
+GROUPS = frozenset({"host", "rank", "pci", "xid", "gpu"})
+SCOPES = ("line", "traceback")
+REGEX_FLAGS = re.ASCII   # hyperscan's classes (\w, \d, \s, \b) are ASCII-only
+_KEYS = frozenset({"id", "category", "severity", "action", "role", "regex", "priority",
+                   "scope", "lookback", "action_by_xid", "description", "examples"})
+_EXAMPLE_KEYS = frozenset({"match", "no_match"})
+_ID = re.compile(r"^[a-z0-9][a-z0-9_]*(?:[.-][a-z0-9_]+)*$")
+# Parser nodes hyperscan cannot compile (it has no backtracking).
+_UNSUPPORTED = {
+    sre_c.ASSERT: "lookahead/lookbehind", sre_c.ASSERT_NOT: "negative lookaround",
+    sre_c.GROUPREF: "backreference", sre_c.GROUPREF_EXISTS: "conditional group",
+    sre_c.ATOMIC_GROUP: "atomic group", sre_c.POSSESSIVE_REPEAT: "possessive repeat",
+}
+
+# XID buckets beyond kmsg.FATAL_XIDS, read off the XID catalog's
+# job_recovery_action column (tests/unit/test_patterns.py re-derives them).
+REQUEUE_XIDS = frozenset({8, 32, 39, 40, 41, 60, 68, 70, 71, 72, 75, 76, 77, 80, 82, 83, 84,
+                          85, 86, 88, 89, 94, 139, *range(96, 106), *range(126, 136)})
+STOP_XIDS = frozenset({11, 13, 25, 31, 43, 69, 108, 137})
+QUIET_XIDS = frozenset({14, 37, 38, 44, 45, 63, 66, 67, 92, 93, 106, 107, 121, 141, 152,
+                        153, 154, 157, *range(159, 166)})
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One loaded, checked rule. ``compiled`` is the Python regex (re.ASCII)."""
+
+    id: str
+    category: str
+    regex: str
+    source: str
+    severity: str = "error"
+    action: str = "none"
+    role: str = "cause"
+    priority: int = 0
+    scope: str = "line"
+    lookback: int = 0
+    action_by_xid: bool = False
+    description: str = ""
+    examples_match: tuple[str, ...] = ()
+    examples_no_match: tuple[str, ...] = ()
+    compiled: re.Pattern = field(default=None, compare=False, repr=False)  # type: ignore
+
+    @property
+    def groups(self) -> frozenset[str]:
+        return frozenset(self.compiled.groupindex)
+
+
+def shipped_dir() -> Path:
+    """The directory of the packs shipped with slurm-recovery.
+
+    ``etc/patterns`` next to the source tree (a checkout or an editable
+    install); else ``<prefix>/share/slurm-recovery/patterns``.
+    """
+    here = Path(__file__).resolve().parents[2] / "etc" / "patterns"
+    if here.is_dir():
+        return here
+    return Path(sys.prefix) / "share" / "slurm-recovery" / "patterns"
+
+
+def load_rules(site_dirs: Iterable[str | Path] = (), *, shipped: bool = True) -> list[Rule]:
+    """Every rule of the shipped packs (unless ``shipped=False``), then of each
+    site directory, in file-name order. Raises ConfigError on the first problem."""
+    dirs = ([shipped_dir()] if shipped else []) + [Path(d) for d in site_dirs]
+    rules: list[Rule] = []
+    seen: dict[str, str] = {}
+    for directory in dirs:
+        if not directory.is_dir():
+            raise ConfigError(f"{directory}: pattern directory not found")
+        for path in sorted(directory.glob("*.toml")):
+            for rule in load_pack(path):
+                if rule.id in seen:
+                    raise ConfigError(f"{path}: rule {rule.id!r}: duplicate id "
+                                      f"(also in {seen[rule.id]})")
+                seen[rule.id] = str(path)
+                rules.append(rule)
+    return rules
+
+
+def load_pack(path: str | Path) -> list[Rule]:
+    """The rules of one pack file, each checked (see the module docstring)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    unknown = set(data) - {"rule", "description"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)} "
+                          "(expected [[rule]] tables)")
+    raw_rules = data.get("rule", [])
+    if not isinstance(raw_rules, list):
+        raise ConfigError(f"{path}: 'rule' must be an array of tables ([[rule]])")
+    rules, ids = [], set()
+    for index, raw in enumerate(raw_rules):
+        rule = _build(path, index, raw)
+        if rule.id in ids:
+            raise ConfigError(f"{path}: rule {rule.id!r}: duplicate id")
+        ids.add(rule.id)
+        rules.append(rule)
+    return rules
+
+
+def _build(path: Path, index: int, raw: Any) -> Rule:
+    name = raw.get("id") if isinstance(raw, dict) else None
+    where = f"{path}: rule {name!r}" if isinstance(name, str) else f"{path}: rule #{index + 1}"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a table")
+    unknown = set(raw) - _KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}")
+    for key in ("id", "category", "regex"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise ConfigError(f"{where}: '{key}' is required and must be a string")
+    if not _ID.match(raw["id"]):
+        raise ConfigError(f"{where}: id must look like 'area.what' (lowercase, digits, _ . -)")
+    _choice(where, raw, "category", CATEGORIES, None)
+    _choice(where, raw, "severity", SEVERITIES, "error")
+    _choice(where, raw, "action", ACTIONS, "none")
+    _choice(where, raw, "role", ROLES, "cause")
+    _choice(where, raw, "scope", SCOPES, "line")
+    priority = _integer(where, raw, "priority", 0, -100, 100)
+    lookback = _integer(where, raw, "lookback", 0, 0, 8)
+    by_xid = raw.get("action_by_xid", False)
+    if not isinstance(by_xid, bool):
+        raise ConfigError(f"{where}: 'action_by_xid' must be true or false")
+    description = raw.get("description", "")
+    if not isinstance(description, str):
+        raise ConfigError(f"{where}: 'description' must be a string")
+    compiled = compile_rule_regex(where, raw["regex"])
+    if by_xid and "xid" not in compiled.groupindex:
+        raise ConfigError(f"{where}: action_by_xid needs a named group 'xid' in the regex")
+    matches, misses = _examples(where, raw.get("examples"))
+    rule = Rule(id=raw["id"], category=raw["category"], regex=raw["regex"], source=str(path),
+                severity=raw.get("severity", "error"), action=raw.get("action", "none"),
+                role=raw.get("role", "cause"), priority=priority,
+                scope=raw.get("scope", "line"), lookback=lookback, action_by_xid=by_xid,
+                description=description, examples_match=matches, examples_no_match=misses,
+                compiled=compiled)
+    _check_examples(where, rule)
+    return rule
+
+
+def _choice(where: str, raw: dict, key: str, allowed: tuple, default: str | None) -> None:
+    value = raw.get(key, default)
+    if value not in allowed:
+        raise ConfigError(f"{where}: {key} {value!r} is not one of {', '.join(allowed)}")
+
+
+def _integer(where: str, raw: dict, key: str, default: int, low: int, high: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{where}: '{key}' must be an integer from {low} to {high}")
+    return value
+
+
+def compile_rule_regex(where: str, regex: str) -> re.Pattern:
+    """Compile a rule's regex, refusing what hyperscan or the scanner cannot run."""
+    try:
+        compiled = re.compile(regex, REGEX_FLAGS)
+        tree = sre_parse.parse(regex, REGEX_FLAGS)
+    except re.error as exc:
+        raise ConfigError(f"{where}: bad regex: {exc}") from None
+    if compiled.flags & (re.MULTILINE | re.DOTALL | re.VERBOSE):
+        raise ConfigError(f"{where}: bad regex: only the (?i) flag is allowed")
+    problem = _unsupported(tree)
+    if problem:
+        raise ConfigError(f"{where}: bad regex: {problem} is not supported (hyperscan)")
+    extra = set(compiled.groupindex) - GROUPS
+    if extra:
+        raise ConfigError(f"{where}: bad regex: unknown named group(s) {sorted(extra)} "
+                          f"(allowed: {', '.join(sorted(GROUPS))})")
+    if compiled.search("") is not None:
+        raise ConfigError(f"{where}: bad regex: it matches an empty line")
+    return compiled
+
+
+def _unsupported(tree) -> str | None:
+    for op, av in tree:
+        if op in _UNSUPPORTED:
+            return _UNSUPPORTED[op]
+        for sub in _children(op, av):
+            found = _unsupported(sub)
+            if found:
+                return found
+    return None
+
+
+def _children(op, av) -> list:
+    """The nested sequences of one parser node (shared with the literal extractor)."""
+    if op is sre_c.SUBPATTERN:
+        return [av[3]]
+    if op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT, sre_c.POSSESSIVE_REPEAT):
+        return [av[2]]
+    if op is sre_c.BRANCH:
+        return list(av[1])
+    if op in (sre_c.ASSERT, sre_c.ASSERT_NOT):
+        return [av[1]]
+    if op is sre_c.ATOMIC_GROUP:
+        return [av]
+    if op is sre_c.GROUPREF_EXISTS:
+        return [x for x in av[1:] if x is not None]
+    return []
+
+
+def _examples(where: str, raw: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: 'examples.match' is required (lines the rule must find)")
+    unknown = set(raw) - _EXAMPLE_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) in examples: {sorted(unknown)}")
+    out = []
+    for key in ("match", "no_match"):
+        value = raw.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: examples.{key} must be a list of strings")
+        out.append(tuple(value))
+    if not out[0]:
+        raise ConfigError(f"{where}: 'examples.match' needs at least one line")
+    return out[0], out[1]
+
+
+def _check_examples(where: str, rule: Rule) -> None:
+    for line in rule.examples_match:
+        if rule.compiled.search(line) is None:
+            raise ConfigError(f"{where}: example does not match: {line!r}")
+    for line in rule.examples_no_match:
+        if rule.compiled.search(line) is not None:
+            raise ConfigError(f"{where}: no_match example matches: {line!r}")
+
+
+def xid_action(xid: int, message: str = "", kind: str = "xid") -> str:
+    """What an XID (or NVSwitch SXid) event alone suggests for the job.
+
+    Fatal by :func:`slurm_hooks.kmsg.is_fatal` -> ``requeue_exclude``; else the
+    catalog bucket: ``requeue``, ``stop`` (an application fault the GPU
+    reported) or ``none`` (informational, contained, or marked non-fatal).
+    Codes the catalog leaves unassigned -> ``requeue``; SXids not fatal -> ``none``.
+    """
+    event = {"xid": xid, "kind": kind, "message": message}
+    if kmsg.is_fatal(event):
+        return "requeue_exclude"
+    if kind == "sxid" or xid in kmsg.FATAL_XIDS or xid in QUIET_XIDS:
+        return "none"
+    if xid in STOP_XIDS:
+        return "stop"
+    return "requeue"

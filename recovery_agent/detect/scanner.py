@@ -1,0 +1,405 @@
+"""The log scanner: lines in, detections out, over every loaded rule at once.
+
+``Scanner(rules, engine="auto"|"re"|"hyperscan")`` compiles the rules once
+(see :mod:`.engines`). ``scan_lines`` and ``scan_bytes`` run a whole log;
+``stream(source)`` gives a :class:`ScanStream` for a tailer: ``feed(line,
+lineno)`` one line at a time, or ``feed_bytes(chunk)`` for raw chunks (a
+partial last line waits for the next chunk), keeping multi-line state.
+
+Lines are processed in blocks: the engine names the candidate lines of a
+block, and only those (and the lines of an open traceback) are decoded and
+checked with the rules' Python regexes, which also supply the named groups.
+
+Multi-line context:
+
+* A Python traceback (``Traceback (most recent call last):``, indented frames,
+  then the exception line) is ONE detection, classified by its exception line:
+  the line rules are tried on it first (a CUDA or NCCL error inside a
+  ``RuntimeError`` keeps its own category), then the ``scope = "traceback"``
+  rules. Launcher prefixes (``[rank3]:``, ``[default0]:``, srun's ``3: ``) are
+  looked through. A traceback cut off before its exception line yields nothing.
+* torchrun's ``ChildFailedError`` summary after such a traceback is folded into
+  the same detection: its root-cause block (exit code, signal, host, rank)
+  decides the rule, host and rank.
+* Rules with ``lookback`` take a PCI address or GPU UUID from the few lines
+  before a hit when the hit names none (kernel messages wrapped over lines);
+  a hit on a node's kernel-log line (``... HOST kernel: ...``) gets that host.
+
+Every line is cut to ``max_line`` bytes (64 KiB) before matching, CR/LF
+endings are accepted, invalid UTF-8 is replaced: any input is scanned.
+"""
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import replace
+from typing import Iterable, Iterator, Sequence
+
+from slurm_hooks import kmsg
+
+from .engines import TRACEBACK, make_engine
+from .model import Detection, Evidence
+from .patterns import Rule, xid_action
+
+__all__ = ["MAX_LINE", "Scanner", "ScanStream"]
+
+MAX_LINE = 64 * 1024
+EVIDENCE_MAX = 2048
+BLOCK_LINES = 1 << 16     # scan_lines joins this many lines per block
+TB_MAX_LINES = 400       # frames and code lines kept open at most
+TB_MAX_OTHER = 20        # unrelated lines tolerated inside a traceback
+SUMMARY_MAX = 80
+
+_PREFIX = re.compile(r"^(?:\s*\d{1,6}: |\[(?:rank|default)?\d+\]: ?|\(\w*\s?pid=\d+[^)]*\) )+")
+_EXC_COLON = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*[a-z]\w*:(?:\s.*)?$")
+_EXC_BARE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\s*$")
+_SUMMARY_FIELD = re.compile(r"^\s*(host|rank|exitcode|traceback)\s*:\s*(.*?)\s*$")
+_PCI = re.compile(r"\b(?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?\b")
+# "Mar  3 02:11:09 HOST kernel: ..." (syslog) or "2025-03-03T02:11:09+0000 HOST kernel: ..."
+_SYSLOG_HOST = re.compile(r"^(?:[A-Z][a-z]{2} +\d+ [\d:]{8}|\d{4}-\d\d-\d\dT\S+) "
+                          r"([A-Za-z0-9][\w.-]*) kernel: ")
+_GPU_UUID = re.compile(r"\bGPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")
+_SEVERITY_BY_ACTION = {"requeue_exclude": "critical", "requeue": "error", "stop": "error",
+                       "kill_requeue": "error", "none": "warning"}
+_ROLE_ORDER = {"root": 0, "cause": 1, "symptom": 2, "exit": 3}
+
+
+CHUNK_BYTES = 16 << 20     # a block is cut at a line end after this many bytes
+
+
+def _decode(raw: bytes, limit: int) -> str:
+    return raw[:limit].rstrip(b"\r").decode("utf-8", "replace")
+
+
+class Scanner:
+    """Every rule compiled into one multi-pattern engine (see module docstring)."""
+
+    def __init__(self, rules: Iterable[Rule], engine: str = "auto",
+                 max_line: int = MAX_LINE) -> None:
+        self.rules = tuple(rules)
+        self.line_rules = tuple(r for r in self.rules if r.scope == "line")
+        self.traceback_rules = tuple(r for r in self.rules if r.scope == "traceback")
+        self.max_line = max_line
+        self.engine = make_engine(self.line_rules, engine, max_line)
+        self.lookback = max((r.lookback for r in self.rules), default=0)
+
+    @property
+    def engine_name(self) -> str:
+        return self.engine.name
+
+    def stream(self, source: str = "") -> "ScanStream":
+        """A fresh incremental scan of one source (one log file)."""
+        return ScanStream(self, source)
+
+    def scan_lines(self, lines: Iterable[str], source: str = "",
+                   first_line: int = 1) -> list[Detection]:
+        """Detections over a sequence of text lines, numbered from ``first_line``."""
+        stream = self.stream(source)
+        stream.lineno = first_line - 1
+        out: list[Detection] = []
+        for block in _blocks(lines, BLOCK_LINES):
+            text = "\n".join(block)
+            if text.count("\n") != len(block) - 1:      # a line holding a newline
+                text = "\n".join(line.replace("\n", " ") for line in block)
+            out.extend(stream.scan_block(text.encode("utf-8", "surrogatepass")))
+        out.extend(stream.flush())
+        return out
+
+    def scan_bytes(self, data: bytes, source: str = "") -> list[Detection]:
+        """Detections over a whole log held as bytes (lines split on LF)."""
+        stream = self.stream(source)
+        return stream.feed_bytes(data) + stream.flush()
+
+    # -- one line --------------------------------------------------------------
+    def hits(self, line: str, candidates: Iterable[int] | None) -> list[tuple[Rule, re.Match]]:
+        """Confirmed (rule, match) pairs on one line, highest priority only."""
+        found = []
+        for index in sorted(candidates or ()):
+            if index == TRACEBACK:
+                continue
+            rule = self.line_rules[index]
+            match = rule.compiled.search(line)
+            if match is not None:
+                found.append((rule, match))
+        if len(found) > 1:
+            top = max(rule.priority for rule, _ in found)
+            found = [hit for hit in found if hit[0].priority == top]
+        return found
+
+    def traceback_hit(self, body: str) -> tuple[Rule, re.Match] | None:
+        """The best ``scope = "traceback"`` rule matching an exception line."""
+        best = None
+        for rule in self.traceback_rules:
+            match = rule.compiled.search(body)
+            if match is not None and (best is None or rule.priority > best[0].priority):
+                best = (rule, match)
+        return best
+
+    def detection(self, rule: Rule, match: re.Match, line: str, lineno: int | None,
+                  source: str, recent: Sequence[str] = (),
+                  more: tuple[Evidence, ...] = (), detail: str = "") -> Detection:
+        """The Detection for one confirmed hit, attribution groups filled in."""
+        groups = match.groupdict()
+        pci, gpu = _pci(groups.get("pci")), groups.get("gpu") or None
+        if rule.lookback and not (pci or gpu):
+            pci, gpu = _look_back(list(recent)[-rule.lookback:])
+        xid = _int(groups.get("xid"))
+        action, severity = rule.action, rule.severity
+        if rule.action_by_xid and xid is not None:
+            event = kmsg.parse_xid(line)
+            kind, message = (event["kind"], event["message"]) if event else ("xid", line)
+            action = xid_action(xid, message, kind)
+            severity = _SEVERITY_BY_ACTION[action]
+            pci = pci or (event or {}).get("pci")
+        host = groups.get("host") or None
+        if host is None and " kernel: " in line:   # a node's kernel log names its host
+            found = _SYSLOG_HOST.match(line)
+            host = found.group(1) if found else None
+        evidence = (Evidence(line[:EVIDENCE_MAX], source, lineno),) + more
+        return Detection(rule=rule.id, category=rule.category, severity=severity,
+                         action_hint=action, evidence=evidence, host=host,
+                         rank=_int(groups.get("rank")), pci=pci, gpu=gpu, xid=xid,
+                         detail=detail or rule.description, role=rule.role)
+
+
+class ScanStream:
+    """Incremental scanning of one source; keeps traceback/summary state,
+    the line count (``lineno``: the last line consumed) and a partial last line."""
+
+    def __init__(self, scanner: Scanner, source: str = "") -> None:
+        self.scanner = scanner
+        self.source = source
+        self.lineno = 0
+        self.recent: deque[str] = deque(maxlen=max(scanner.lookback, 1))
+        self._tb: _Traceback | None = None
+        self._summary: _Summary | None = None
+        self._tail = b""
+        self._skip = False     # inside an over-long line whose head is held
+
+    def feed(self, line: str, lineno: int | None = None) -> list[Detection]:
+        """Scan one more line (numbered ``lineno``, else one past the last)."""
+        if lineno is not None:
+            self.lineno = lineno - 1
+        line = line.rstrip("\r\n").replace("\n", " ")
+        return self.scan_block(line.encode("utf-8", "surrogatepass"))
+
+    def feed_bytes(self, chunk: bytes) -> list[Detection]:
+        """Scan the complete lines of a raw chunk; an unfinished last line is kept."""
+        limit = self.scanner.max_line
+        if self._skip:
+            newline = chunk.find(b"\n")
+            if newline < 0:
+                return []
+            chunk, self._skip = chunk[newline:], False
+        data = self._tail + chunk if self._tail else chunk
+        cut = data.rfind(b"\n")
+        self._tail = data[cut + 1:]
+        if len(self._tail) > limit:
+            self._tail, self._skip = self._tail[:limit], True
+        out: list[Detection] = []
+        start = 0
+        while start < cut:      # blocks of about CHUNK_BYTES, cut at line ends
+            end = data.find(b"\n", min(start + CHUNK_BYTES, cut))
+            end = cut if end < 0 or end > cut else end
+            out.extend(self.scan_block(data[start:end]))
+            start = end + 1
+        if cut == 0:
+            out.extend(self.scan_block(b""))
+        return out
+
+    def flush(self) -> list[Detection]:
+        """End of input: the held partial line, then a pending summary; an
+        unfinished traceback is dropped."""
+        out = self.scan_block(self._tail) if self._tail else []
+        self._tail, self._skip = b"", False
+        if self._summary:
+            out.extend(self._summary.finish(self))
+        self._summary = self._tb = None
+        return out
+
+    def scan_block(self, data: bytes) -> list[Detection]:
+        """Scan complete lines joined by LF, numbered from ``lineno + 1``."""
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")
+        limit, out = self.scanner.max_line, []
+        wanted = self.scanner.engine.candidates(data)
+        rules = {index: found for index, _, found in wanted}
+        base, k, index, pos = self.lineno, 0, 0, 0
+        while pos <= len(data):
+            if self._tb is None and self._summary is None:
+                if k == len(wanted):
+                    break
+                index, pos, _ = wanted[k]
+            while k < len(wanted) and wanted[k][0] <= index:
+                k += 1
+            end = data.find(b"\n", pos)
+            end = len(data) if end < 0 else end
+            recent = _Recent(data, pos, self.recent, self.scanner.lookback, limit)
+            out.extend(self._step(_decode(data[pos:end], limit), base + index + 1,
+                                  rules.get(index), recent))
+            index, pos = index + 1, end + 1
+        self.lineno = base + data.count(b"\n") + 1
+        if self.scanner.lookback:
+            self.recent.extend(_decode(x, limit)
+                               for x in data.rsplit(b"\n", self.scanner.lookback)[-self.scanner.lookback:])
+        return out
+
+    def _step(self, line: str, lineno: int, candidates, recent) -> list[Detection]:
+        out: list[Detection] = []
+        if self._summary is not None:
+            state = self._summary.add(self, line, lineno, candidates)
+            if state == "more":
+                return out
+            out, self._summary = self._summary.finish(self), None
+            if state == "done":
+                return out
+        if self._tb is not None:
+            kind, body = _traceback_kind(line)
+            if kind == "frame":
+                self._tb.frames += 1
+                if self._tb.frames > TB_MAX_LINES:
+                    self._tb = None
+                return out
+            if kind == "exception":
+                return out + self._end_traceback(line, body, lineno, candidates, recent)
+            self._tb.other += 1
+            if self._tb.other > TB_MAX_OTHER:
+                self._tb = None
+        elif candidates and TRACEBACK in candidates and "Traceback (most recent call last)" \
+                in line:
+            self._tb = _Traceback(Evidence(line[:EVIDENCE_MAX], self.source, lineno))
+            return out
+        return out + [self.scanner.detection(rule, match, line, lineno, self.source, recent)
+                      for rule, match in self.scanner.hits(line, candidates)]
+
+    def _end_traceback(self, line: str, body: str, lineno: int, candidates,
+                       recent) -> list[Detection]:
+        header, self._tb = self._tb.header, None
+        hits = self.scanner.hits(line, candidates)
+        hit = hits[0] if hits else self.scanner.traceback_hit(body)
+        if hit is None:
+            return []
+        name = body.split(":", 1)[0].strip()
+        detection = self.scanner.detection(hit[0], hit[1], line, lineno, self.source, recent,
+                                           (header,), f"traceback ending {name}")
+        if name.endswith("ChildFailedError"):
+            self._summary = _Summary(detection)
+            return []
+        return [detection]
+
+
+class _Recent:
+    """The decoded lines before the one at ``pos`` (lookback), found only when asked."""
+
+    __slots__ = ("data", "pos", "before", "count", "limit")
+
+    def __init__(self, data: bytes, pos: int, before: deque, count: int, limit: int) -> None:
+        self.data, self.pos, self.before, self.count, self.limit = data, pos, before, count, limit
+
+    def __iter__(self) -> Iterator[str]:
+        lines: list[str] = []
+        end = self.pos - 1
+        while end >= 0 and len(lines) < self.count:
+            start = self.data.rfind(b"\n", 0, end) + 1
+            lines.insert(0, _decode(self.data[start:end], self.limit))
+            end = start - 1
+        missing = self.count - len(lines)
+        head = list(self.before)[-missing:] if missing and end < 0 else []
+        return iter(head + lines)
+
+
+class _Traceback:
+    __slots__ = ("header", "frames", "other")
+
+    def __init__(self, header: Evidence) -> None:
+        self.header, self.frames, self.other = header, 0, 0
+
+
+class _Summary:
+    """torchrun's ChildFailedError report after its traceback, folded into one detection."""
+
+    def __init__(self, base: Detection) -> None:
+        self.base = base
+        self.rules: list[tuple[int, Rule, re.Match, str, int]] = []
+        self.fields: dict[str, str] = {}
+        self.rulers = 0        # "=====" lines seen
+        self.lines = 0
+        self.root = False      # inside "Root Cause (first observed failure):"
+
+    def add(self, stream: ScanStream, line: str, lineno: int, candidates) -> str:
+        """Take one line: "more" (keep going), "done" (this line ended the
+        summary) or "not_mine" (no summary here; the line is an ordinary one)."""
+        self.lines += 1
+        body = _PREFIX.sub("", line, count=1).strip()
+        if body.startswith("====="):
+            self.rulers += 1
+            return "done" if self.rulers >= 2 else "more"
+        if self.rulers == 0:
+            return "not_mine" if body or self.lines > 2 else "more"
+        if body.startswith("Root Cause"):
+            self.root, self.fields = True, {}
+        field = _SUMMARY_FIELD.match(body)
+        if field and (self.root or field.group(1) not in self.fields):
+            self.fields[field.group(1)] = field.group(2)
+        for rule, match in stream.scanner.hits(line, candidates):
+            self.rules.append((0 if self.root else 1, rule, match, line, lineno))
+        return "done" if self.lines >= SUMMARY_MAX else "more"
+
+    def finish(self, stream: ScanStream) -> list[Detection]:
+        base = self.base
+        if self.rules:
+            _, rule, match, line, lineno = min(
+                self.rules, key=lambda r: (r[0], -r[1].priority, _ROLE_ORDER[r[1].role]))
+            base = stream.scanner.detection(rule, match, line, lineno, stream.source, (),
+                                            base.evidence, base.detail)
+        rank = re.match(r"\d+", self.fields.get("rank", ""))
+        host = self.fields.get("host") or None
+        return [replace(base, host=base.host or host,
+                        rank=base.rank if base.rank is not None else
+                        (int(rank.group()) if rank else None))]
+
+
+def _traceback_kind(line: str) -> tuple[str, str]:
+    """("frame" | "exception" | "other", the line without launcher prefixes)."""
+    body = _PREFIX.sub("", line, count=1)
+    if not body.strip() or body[0] in " \t" or body.lstrip().startswith("^"):
+        return "frame", body
+    if _EXC_COLON.match(body) or _EXC_BARE.match(body):
+        return "exception", body
+    return "other", body
+
+
+def _blocks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    block: list[str] = []
+    for line in lines:
+        block.append(line)
+        if len(block) >= size:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _pci(value: str | None) -> str | None:
+    if not value:
+        return None
+    match = _PCI.search(value)
+    return kmsg.normalize_pci(*match.groups()) if match else value.lower()
+
+
+def _look_back(lines: Sequence[str]) -> tuple[str | None, str | None]:
+    for line in reversed(lines):
+        match = _PCI.search(line)
+        if match:
+            return kmsg.normalize_pci(*match.groups()), None
+        match = _GPU_UUID.search(line)
+        if match:
+            return None, match.group()
+    return None, None

@@ -1,0 +1,244 @@
+"""The agent's watch loop: follow every opted-in job and turn its output into
+detections.
+
+One cycle: one batched scheduler query; register jobs that opted in through
+``--comment`` (hook-registered jobs are already in the store); follow each
+tracked attempt's stdout/stderr; scan new lines; run the hang, straggler and
+checkpoint detectors; store what was found. A bad cycle is logged and the
+next one runs (the loop never dies of one job's oddity).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from slurm_hooks import spec as specs
+
+from .config import Config
+from .detect.checkpoint import CheckpointWatcher, newest_checkpoint
+from .detect.model import Detection
+from .detect.progress import HangDetector, StragglerDetector
+from .detect.scanner import Scanner
+from .errors import RecoveryError
+from .logs.tail import Tailer
+from .scheduler.base import FINISHED_STATES, Job, Scheduler
+from .store import Store
+
+log = logging.getLogger(__name__)
+CKPT_SCAN_INTERVAL = 30.0
+GONE_AFTER = 600.0  # a stored job slurmctld no longer lists is let go after this
+
+
+@dataclass
+class AttemptWatch:
+    """Everything followed for one attempt of one job."""
+
+    job_pk: int
+    job_id: str
+    attempt: int
+    spec: specs.RecoverySpec
+    started: float
+    paths: set[str]
+    hang: HangDetector
+    straggler: StragglerDetector
+    ckpt: CheckpointWatcher = field(default_factory=CheckpointWatcher)
+    streams: dict = field(default_factory=dict)
+    last_ckpt_scan: float = 0.0
+    saved_ckpt: object = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.job_pk}:{self.attempt}"
+
+
+class Watcher:
+    def __init__(self, cfg: Config, store: Store, scheduler: Scheduler, scanner: Scanner,
+                 tailer: Tailer, clock=time.time) -> None:
+        self.cfg, self.store, self.scheduler = cfg, store, scheduler
+        self.scanner, self.tailer, self.clock = scanner, tailer, clock
+        self.watches: dict[int, AttemptWatch] = {}   # by job row id
+        self.cycles = 0
+        self.detections = 0
+
+    # -- one cycle -----------------------------------------------------------
+    def cycle(self) -> int:
+        """Run one cycle; return how many detections it stored."""
+        now = self.clock()
+        listing = {j.job_id: j for j in self.scheduler.list_jobs()}
+        self._register_comment_jobs(listing.values())
+        self._sync(listing, now)
+        found = self._scan(now)
+        found += self._check(listing, now)
+        self.cycles += 1
+        self.detections += len(found)
+        return len(found)
+
+    def _register_comment_jobs(self, jobs) -> None:
+        cluster = self.cfg.agent.cluster
+        for job in jobs:
+            raw = specs.from_comment(job.comment)
+            if raw is None or job.is_finished or job.array_task_spec:
+                continue
+            if self.store.find_job_exact(cluster, job.job_id, job.submit_time or 0):
+                continue
+            try:
+                spec = specs.parse(raw)
+            except specs.SpecError as exc:
+                spec = specs.RecoverySpec(mode="monitor")
+                log.warning("job=%s invalid --comment spec: %s", job.job_id, exc)
+            with self.store.lock:
+                pk = self.store.record_job(job, cluster, env=spec.env, mode=spec.mode or "",
+                                           spec=spec.canonical())
+                self.store.record_attempt(pk, job)
+                self.store.add_event(pk, "registered", "registered from --comment by the "
+                                     "scheduler poll", attempt=job.restart_count,
+                                     source="poller")
+
+    def _sync(self, listing: dict[str, Job], now: float) -> None:
+        """Start, renew or end the watch of every tracked job."""
+        cluster = self.cfg.agent.cluster
+        for row in self.store.jobs():
+            if row["cluster"] != cluster or row["state"] in FINISHED_STATES:
+                continue
+            job = listing.get(row["job_id"])
+            if job is None:
+                if now - (row["last_seen"] or now) > GONE_AFTER:
+                    self._end(row["id"], "GONE")
+                continue
+            with self.store.lock:
+                self.store.record_job(job, cluster, env=row["env"], mode=row["mode"],
+                                      spec=row["spec"])
+                self.store.record_attempt(row["id"], job)
+            watch = self.watches.get(row["id"])
+            if job.is_finished:
+                if watch:
+                    self._finish(watch, now)
+                continue
+            if job.state == "RUNNING" and (watch is None or watch.attempt != job.restart_count):
+                if watch:
+                    self._finish(watch, now)
+                self._start(row, job, now)
+
+    def _start(self, row: dict, job: Job, now: float) -> None:
+        spec = _parse(row["spec"])
+        env = self.cfg.environment(spec.env)
+        started = float(job.start_time or now)
+        paths = {p for p in (job.stdout, job.stderr) if p}
+        watch = AttemptWatch(row["id"], job.job_id, job.restart_count, spec, started, paths,
+                             HangDetector.for_attempt(spec, env, started),
+                             StragglerDetector.for_environment(env, nodes=job.nodes))
+        for path in paths:
+            self.tailer.add(path, watch.key)
+            watch.streams[path] = self.scanner.stream(path)
+        self.watches[row["id"]] = watch
+        log.info("job=%s attempt=%s watching %s", job.job_id, job.restart_count,
+                 ", ".join(sorted(paths)))
+
+    def _finish(self, watch: AttemptWatch, now: float) -> None:
+        found = []
+        for path in watch.paths:
+            for line in self.tailer.flush_partial(path):
+                found += self._line(watch, line.path, line.lineno, line.text, now)
+            found += watch.streams[path].flush()
+        self._store(watch, found, now)
+        self.watches.pop(watch.job_pk, None)
+        for path in watch.paths:
+            if not any(path in w.paths for w in self.watches.values()):
+                self.tailer.remove(path)
+
+    def _end(self, job_pk: int, state: str) -> None:
+        watch = self.watches.get(job_pk)
+        if watch:
+            self._finish(watch, self.clock())
+        with self.store.lock:
+            self.store.db["jobs"].update(job_pk, {"state": state})
+
+    # -- lines and detectors -------------------------------------------------
+    def _scan(self, now: float) -> list[Detection]:
+        by_key = {w.key: w for w in self.watches.values()}
+        pending: dict[str, list[Detection]] = {}
+        for line in self.tailer.poll():
+            watch = by_key.get(line.key)
+            if watch is None:
+                continue
+            pending.setdefault(watch.key, []).extend(
+                self._line(watch, line.path, line.lineno, line.text, now))
+        stored = []
+        for key, found in pending.items():
+            self._store(by_key[key], found, now)
+            stored += found
+        return stored
+
+    def _line(self, watch: AttemptWatch, path: str, lineno: int, text: str,
+              now: float) -> list[Detection]:
+        watch.hang.feed(now, text, path, lineno)
+        watch.straggler.feed(now, text)
+        watch.ckpt.feed(now, text)
+        stream = watch.streams.get(path) or watch.streams.setdefault(
+            path, self.scanner.stream(path))
+        return stream.feed(text, lineno)
+
+    def _check(self, listing: dict[str, Job], now: float) -> list[Detection]:
+        found_all = []
+        for watch in list(self.watches.values()):
+            job = listing.get(watch.job_id)
+            found = []
+            hang = watch.hang.check(now, running=bool(job and job.state == "RUNNING"))
+            if hang:
+                found.append(hang)
+            found += watch.straggler.check(now)
+            self._checkpoint(watch, now)
+            self._store(watch, found, now)
+            found_all += found
+        return found_all
+
+    def _checkpoint(self, watch: AttemptWatch, now: float) -> None:
+        if watch.spec.ckpt and now - watch.last_ckpt_scan >= CKPT_SCAN_INTERVAL:
+            watch.last_ckpt_scan = now
+            watch.ckpt.observe(newest_checkpoint(watch.spec.ckpt), watch.started)
+        newest = watch.ckpt.newest
+        if newest is not None and newest != watch.saved_ckpt:
+            watch.saved_ckpt = newest
+            with self.store.lock:
+                self.store.set_attempt_checkpoint(watch.job_pk, watch.attempt, newest.path,
+                                                  newest.step, newest.time)
+                self.store.add_event(watch.job_pk, "checkpoint",
+                                     f"checkpoint {newest.path}"
+                                     + (f" step {newest.step}" if newest.step is not None
+                                        else ""), attempt=watch.attempt, source=newest.source)
+
+    def _store(self, watch: AttemptWatch, found: list[Detection], now: float) -> None:
+        if not found:
+            return
+        with self.store.lock:
+            for det in found:
+                self.store.record_detection(watch.job_pk, watch.attempt, det, ts=now)
+                self.store.add_event(watch.job_pk, "detected",
+                                     f"{det.rule} ({det.category})"
+                                     + (f" on {det.host}" if det.host else ""),
+                                     attempt=watch.attempt, source="watch")
+                log.info("job=%s attempt=%s detected=%s category=%s host=%s", watch.job_id,
+                         watch.attempt, det.rule, det.category, det.host)
+
+    # -- running it --------------------------------------------------------
+    def run_forever(self, stop: threading.Event) -> None:
+        interval = self.cfg.agent.poll_interval
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                self.cycle()
+            except RecoveryError as exc:
+                log.warning("watch cycle failed: %s", exc)
+            except Exception:  # noqa: BLE001 - the loop must outlive any one bad cycle
+                log.exception("watch cycle crashed; carrying on")
+            stop.wait(max(0.0, interval - (time.monotonic() - started)))
+        self.tailer.close()
+
+
+def _parse(text: str) -> specs.RecoverySpec:
+    try:
+        return specs.parse(text)
+    except specs.SpecError:
+        return specs.RecoverySpec(mode="monitor")
