@@ -27,7 +27,7 @@ from collections import defaultdict
 from itertools import accumulate
 from re import _constants as sre_c  # type: ignore[attr-defined]
 from re import _parser as sre_parse  # type: ignore[attr-defined]
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from ..errors import ConfigError
 from .patterns import REGEX_FLAGS, Rule
@@ -38,8 +38,9 @@ ENGINES = ("auto", "re", "hyperscan")
 MIN_LITERAL = 3
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
-# (line index, offset of the line in the block, rules that may match it)
-Candidates = list[tuple[int, int, set[int]]]
+# ([(line index, offset of the line in the block, rules that may match it)],
+#  number of lines in the block)
+Candidates = tuple[list[tuple[int, int, set[int]]], int]
 
 
 # -- required literals -------------------------------------------------------------
@@ -118,6 +119,7 @@ _NORMALIZE = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456789",
                              b"abcdefghijklmnopqrstuvwxyz000000000")
 TRACEBACK = -1      # pseudo rule: the line opens a Python traceback
 TRACEBACK_LITERAL = "Traceback (most recent call last)"
+SHAPE_CACHE = 16384     # single lines: candidate rules remembered per line shape
 
 
 def normalize(text: str) -> bytes:
@@ -141,25 +143,36 @@ class ReEngine:
                 table[normalize(literal)].add(index)
         table[normalize(TRACEBACK_LITERAL)].add(TRACEBACK)
         self.literals = sorted(table.items())
+        self._shapes: dict[bytes, set[int]] = {}
 
     def candidates(self, data: bytes) -> Candidates:
-        shapes = data.translate(_NORMALIZE).split(b"\n")
-        starts = list(accumulate((len(line) + 1 for line in shapes[:-1]), initial=0))
+        normal = data.translate(_NORMALIZE)
+        if b"\n" not in normal:      # one line (a tailer feeding): shapes repeat, so remember
+            rules = self._shapes.get(normal)
+            if rules is None:
+                rules = {r for literal, found in self.literals if literal in normal for r in found}
+                rules.update(self.always)
+                if len(self._shapes) >= SHAPE_CACHE:
+                    self._shapes.clear()
+                self._shapes[normal] = rules
+            return ([(0, 0, set(rules))] if rules else []), 1
+        shapes = normal.split(b"\n")
         distinct = list(dict.fromkeys(shapes))
-        deduped = len(distinct) * 2 <= len(shapes)
-        found = _find_all(distinct if deduped else shapes, self.literals)
-        if deduped:
-            by_shape = {distinct[j]: rules for j, rules in found.items()}
-            found = {i: set(by_shape[shape]) for i, shape in enumerate(shapes)
-                     if shape in by_shape}
+        if len(distinct) * 2 <= len(shapes):
+            by_start: dict[int, set[int]] = {}
+            for j, rules in _find_all(distinct, self.literals).items():
+                for start in _whole_lines(normal, distinct[j]):
+                    by_start[start] = rules
+        else:
+            by_start = _find_starts(normal, self.literals)
         if self.always:
-            for i in range(len(shapes)):
-                found.setdefault(i, set()).update(self.always)
-        return [(i, starts[i], found[i]) for i in sorted(found)]
+            for start in _whole_lines_all(normal):
+                by_start[start] = by_start.get(start, set()) | set(self.always)
+        return _numbered(normal, by_start), len(shapes)
 
 
 def _find_all(lines: Sequence[bytes], literals) -> dict[int, set[int]]:
-    """{line index: rules whose literal occurs in it}, one pass per literal."""
+    """{index into lines: rules whose literal occurs in that line}."""
     text = b"\n".join(lines)
     starts = list(accumulate((len(line) + 1 for line in lines[:-1]), initial=0))
     last = len(starts) - 1
@@ -175,19 +188,60 @@ def _find_all(lines: Sequence[bytes], literals) -> dict[int, set[int]]:
     return out
 
 
+def _find_starts(text: bytes, literals) -> dict[int, set[int]]:
+    """{offset of a line: rules whose literal occurs in it}, over a whole block."""
+    out: dict[int, set[int]] = defaultdict(set)
+    for literal, rules in literals:
+        pos = text.find(literal)
+        while pos >= 0:
+            out[text.rfind(b"\n", 0, pos) + 1].update(rules)
+            end = text.find(b"\n", pos)
+            pos = -1 if end < 0 else text.find(literal, end + 1)
+    return out
+
+
+def _whole_lines(text: bytes, line: bytes) -> Iterator[int]:
+    """Offsets of the lines of ``text`` equal to ``line``."""
+    if text.startswith(line + b"\n") or text == line:
+        yield 0
+    needle = b"\n" + line + b"\n"
+    pos = text.find(needle)
+    while pos >= 0:
+        yield pos + 1
+        pos = text.find(needle, pos + len(line) + 1)
+    if len(text) > len(line) and text.endswith(b"\n" + line):
+        yield len(text) - len(line)
+
+
+def _whole_lines_all(text: bytes) -> Iterator[int]:
+    pos = 0
+    while pos >= 0:
+        yield pos
+        pos = text.find(b"\n", pos)
+        pos = pos + 1 if pos >= 0 else -1
+
+
+def _numbered(text: bytes, by_start: dict[int, set[int]]) -> list[tuple[int, int, set[int]]]:
+    """(line index, offset, rules) in line order; indexes by counting newlines."""
+    out, index, previous = [], 0, 0
+    for start in sorted(by_start):
+        index += text.count(b"\n", previous, start)
+        previous = start
+        out.append((index, start, by_start[start]))
+    return out
+
+
 class HyperscanEngine:
     """One hyperscan block-mode database over every rule (plus the traceback
     header), scanned over a whole block of lines at once."""
 
     name = "hyperscan"
 
-    def __init__(self, rules: Sequence[Rule], max_line: int) -> None:
+    def __init__(self, rules: Sequence[Rule]) -> None:
         import hyperscan
-        expressions = [rule.regex.encode("utf-8") for rule in rules]
+        expressions = [_widen(rule.regex).encode("utf-8") for rule in rules]
         expressions.append(re.escape(TRACEBACK_LITERAL).encode())
         self.traceback_id = len(rules)
-        self.every_rule = set(range(len(rules)))
-        self.max_line = max_line
         self.db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         try:
             self.db.compile(expressions=expressions, ids=list(range(len(expressions))),
@@ -203,43 +257,30 @@ class HyperscanEngine:
             hits.append((max(end - 1, 0), TRACEBACK if rule == self.traceback_id else rule))
 
         self.db.scan(data, match_event_handler=on_match)
-        # Python confirms on lines cut to max_line, where an end anchor or word
-        # boundary can match at the cut: over-long lines get every rule.
-        hits.extend((pos, -2) for pos in _long_lines(data, self.max_line))
         by_start: dict[int, set[int]] = {}
         for pos, rule in sorted(hits):
-            line_start = data.rfind(b"\n", 0, pos) + 1
-            rules = by_start.setdefault(line_start, set())
-            rules.update(self.every_rule) if rule == -2 else rules.add(rule)
-        out, index, previous = [], 0, 0
-        for line_start in sorted(by_start):
-            index += data.count(b"\n", previous, line_start)
-            previous = line_start
-            out.append((index, line_start, by_start[line_start]))
-        return out
+            by_start.setdefault(data.rfind(b"\n", 0, pos) + 1, set()).add(rule)
+        found = _numbered(data, by_start)
+        last = found[-1][1] if found else 0
+        return found, (found[-1][0] if found else 0) + data.count(b"\n", last) + 1
 
 
-def _long_lines(data: bytes, limit: int) -> list[int]:
-    """An offset inside each line longer than ``limit`` bytes. A line that
-    long covers a whole aligned window of limit/2 bytes holding no newline."""
-    step, out, skip_to = max(limit // 2, 1), [], 0
-    for pos in range(0, len(data), step):
-        if pos < skip_to or data.find(b"\n", pos, pos + step) >= 0:
-            continue
-        start = data.rfind(b"\n", 0, pos) + 1
-        end = data.find(b"\n", pos)
-        end = len(data) if end < 0 else end
-        if end - start > limit:
-            out.append(pos)
-        skip_to = end
-    return out
+_BOUNDED = re.compile(r"(?<!\\)\{(\d+),(\d+)\}")
+
+
+def _widen(regex: str) -> str:
+    """The regex with every ``{m,n}`` made ``{m,}`` for hyperscan: Python counts
+    characters where hyperscan counts bytes, and unbounded repeats are cheaper
+    for hyperscan than long bounded ones. Only more lines can match, and
+    Python confirms each."""
+    return _BOUNDED.sub(lambda m: "{%s,}" % m.group(1), regex)
 
 
 def _which_rule_fails(hyperscan, rules: Sequence[Rule]) -> str:
     for rule in rules:
         db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         try:
-            db.compile(expressions=[rule.regex.encode("utf-8")], ids=[0], elements=1,
+            db.compile(expressions=[_widen(rule.regex).encode("utf-8")], ids=[0], elements=1,
                        flags=[hyperscan.HS_FLAG_MULTILINE])
         except hyperscan.error as exc:
             return f"{rule.source}: rule {rule.id!r}: hyperscan cannot compile the regex: {exc}"
@@ -255,7 +296,7 @@ def hyperscan_probe() -> str | None:
     return None
 
 
-def make_engine(rules: Sequence[Rule], engine: str = "auto", max_line: int = 1 << 16):
+def make_engine(rules: Sequence[Rule], engine: str = "auto"):
     """An engine over ``rules``: ``re``, ``hyperscan`` or ``auto`` (hyperscan
     when it imports and compiles every rule, else ``re``)."""
     if engine not in ENGINES:
@@ -266,10 +307,10 @@ def make_engine(rules: Sequence[Rule], engine: str = "auto", max_line: int = 1 <
     if engine == "hyperscan":
         if why:
             raise ConfigError(why)
-        return HyperscanEngine(rules, max_line)
+        return HyperscanEngine(rules)
     if why is None:
         try:
-            return HyperscanEngine(rules, max_line)
+            return HyperscanEngine(rules)
         except ConfigError as exc:
             log.warning("scanner: falling back to re: %s", exc)
     return ReEngine(rules)

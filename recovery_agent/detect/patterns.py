@@ -25,6 +25,8 @@ required)::
     lookback    0-8 (default 0): when a hit names no pci/gpu, look for one in
                 this many preceding lines (kernel messages wrapped over lines)
     action_by_xid  true: the action comes from the XID the line carries
+    host_from_prefix  true: the fault is on the node that printed the line, so
+                its NCCL prefix (``host:pid:tid [dev]``) names the host
     description free text
     examples.match / examples.no_match   lines the regex must / must not find
 
@@ -52,7 +54,8 @@ GROUPS = frozenset({"host", "rank", "pci", "xid", "gpu"})
 SCOPES = ("line", "traceback")
 REGEX_FLAGS = re.ASCII   # hyperscan's classes (\w, \d, \s, \b) are ASCII-only
 _KEYS = frozenset({"id", "category", "severity", "action", "role", "regex", "priority",
-                   "scope", "lookback", "action_by_xid", "description", "examples"})
+                   "scope", "lookback", "action_by_xid", "host_from_prefix", "description",
+                   "examples"})
 _EXAMPLE_KEYS = frozenset({"match", "no_match"})
 _ID = re.compile(r"^[a-z0-9][a-z0-9_]*(?:[.-][a-z0-9_]+)*$")
 # Parser nodes hyperscan cannot compile (it has no backtracking).
@@ -86,6 +89,7 @@ class Rule:
     scope: str = "line"
     lookback: int = 0
     action_by_xid: bool = False
+    host_from_prefix: bool = False
     description: str = ""
     examples_match: tuple[str, ...] = ()
     examples_no_match: tuple[str, ...] = ()
@@ -173,9 +177,7 @@ def _build(path: Path, index: int, raw: Any) -> Rule:
     _choice(where, raw, "scope", SCOPES, "line")
     priority = _integer(where, raw, "priority", 0, -100, 100)
     lookback = _integer(where, raw, "lookback", 0, 0, 8)
-    by_xid = raw.get("action_by_xid", False)
-    if not isinstance(by_xid, bool):
-        raise ConfigError(f"{where}: 'action_by_xid' must be true or false")
+    by_xid, from_prefix = _flag(where, raw, "action_by_xid"), _flag(where, raw, "host_from_prefix")
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise ConfigError(f"{where}: 'description' must be a string")
@@ -187,6 +189,7 @@ def _build(path: Path, index: int, raw: Any) -> Rule:
                 severity=raw.get("severity", "error"), action=raw.get("action", "none"),
                 role=raw.get("role", "cause"), priority=priority,
                 scope=raw.get("scope", "line"), lookback=lookback, action_by_xid=by_xid,
+                host_from_prefix=from_prefix,
                 description=description, examples_match=matches, examples_no_match=misses,
                 compiled=compiled)
     _check_examples(where, rule)
@@ -197,6 +200,13 @@ def _choice(where: str, raw: dict, key: str, allowed: tuple, default: str | None
     value = raw.get(key, default)
     if value not in allowed:
         raise ConfigError(f"{where}: {key} {value!r} is not one of {', '.join(allowed)}")
+
+
+def _flag(where: str, raw: dict, key: str) -> bool:
+    value = raw.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: '{key}' must be true or false")
+    return value
 
 
 def _integer(where: str, raw: dict, key: str, default: int, low: int, high: int) -> int:

@@ -45,7 +45,8 @@ __all__ = ["MAX_LINE", "Scanner", "ScanStream"]
 
 MAX_LINE = 64 * 1024
 EVIDENCE_MAX = 2048
-BLOCK_LINES = 1 << 16     # scan_lines joins this many lines per block
+BLOCK_LINES = 1 << 16    # scan_lines joins this many lines per block
+CHUNK_BYTES = 64 << 20   # feed_bytes cuts blocks at a line end after this many bytes
 TB_MAX_LINES = 400       # frames and code lines kept open at most
 TB_MAX_OTHER = 20        # unrelated lines tolerated inside a traceback
 SUMMARY_MAX = 80
@@ -58,13 +59,12 @@ _PCI = re.compile(r"\b(?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{
 # "Mar  3 02:11:09 HOST kernel: ..." (syslog) or "2025-03-03T02:11:09+0000 HOST kernel: ..."
 _SYSLOG_HOST = re.compile(r"^(?:[A-Z][a-z]{2} +\d+ [\d:]{8}|\d{4}-\d\d-\d\dT\S+) "
                           r"([A-Za-z0-9][\w.-]*) kernel: ")
+# NCCL's line prefix "host:pid:tid [dev] ", maybe after a timestamp
+_NCCL_PREFIX = re.compile(r"^(?:\S+ ){0,2}?([A-Za-z][\w.-]*):\d+:\d+ \[\d+\] ")
 _GPU_UUID = re.compile(r"\bGPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")
 _SEVERITY_BY_ACTION = {"requeue_exclude": "critical", "requeue": "error", "stop": "error",
                        "kill_requeue": "error", "none": "warning"}
 _ROLE_ORDER = {"root": 0, "cause": 1, "symptom": 2, "exit": 3}
-
-
-CHUNK_BYTES = 16 << 20     # a block is cut at a line end after this many bytes
 
 
 def _decode(raw: bytes, limit: int) -> str:
@@ -80,7 +80,7 @@ class Scanner:
         self.line_rules = tuple(r for r in self.rules if r.scope == "line")
         self.traceback_rules = tuple(r for r in self.rules if r.scope == "traceback")
         self.max_line = max_line
-        self.engine = make_engine(self.line_rules, engine, max_line)
+        self.engine = make_engine(self.line_rules, engine)
         self.lookback = max((r.lookback for r in self.rules), default=0)
 
     @property
@@ -155,6 +155,9 @@ class Scanner:
         if host is None and " kernel: " in line:   # a node's kernel log names its host
             found = _SYSLOG_HOST.match(line)
             host = found.group(1) if found else None
+        if host is None and rule.host_from_prefix:
+            found = _NCCL_PREFIX.match(line)
+            host = found.group(1) if found else None
         evidence = (Evidence(line[:EVIDENCE_MAX], source, lineno),) + more
         return Detection(rule=rule.id, category=rule.category, severity=severity,
                          action_hint=action, evidence=evidence, host=host,
@@ -201,7 +204,7 @@ class ScanStream:
         while start < cut:      # blocks of about CHUNK_BYTES, cut at line ends
             end = data.find(b"\n", min(start + CHUNK_BYTES, cut))
             end = cut if end < 0 or end > cut else end
-            out.extend(self.scan_block(data[start:end]))
+            out.extend(self.scan_block(_cut_long_lines(data, limit, start, end), prepared=True))
             start = end + 1
         if cut == 0:
             out.extend(self.scan_block(b""))
@@ -217,12 +220,15 @@ class ScanStream:
         self._summary = self._tb = None
         return out
 
-    def scan_block(self, data: bytes) -> list[Detection]:
-        """Scan complete lines joined by LF, numbered from ``lineno + 1``."""
+    def scan_block(self, data: bytes, prepared: bool = False) -> list[Detection]:
+        """Scan complete lines joined by LF, numbered from ``lineno + 1``
+        (``prepared``: long lines are already cut)."""
+        limit, out = self.scanner.max_line, []
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n")
-        limit, out = self.scanner.max_line, []
-        wanted = self.scanner.engine.candidates(data)
+        if not prepared:
+            data = _cut_long_lines(data, limit)  # engines and regexes see the same lines
+        wanted, count = self.scanner.engine.candidates(data)
         rules = {index: found for index, _, found in wanted}
         base, k, index, pos = self.lineno, 0, 0, 0
         while pos <= len(data):
@@ -238,11 +244,18 @@ class ScanStream:
             out.extend(self._step(_decode(data[pos:end], limit), base + index + 1,
                                   rules.get(index), recent))
             index, pos = index + 1, end + 1
-        self.lineno = base + data.count(b"\n") + 1
-        if self.scanner.lookback:
-            self.recent.extend(_decode(x, limit)
-                               for x in data.rsplit(b"\n", self.scanner.lookback)[-self.scanner.lookback:])
+        self.lineno = base + count
+        self._remember_tail(data)
         return out
+
+    def _remember_tail(self, data: bytes) -> None:
+        """Keep the block's last lines decoded, for lookback into the next block."""
+        end, lines = len(data), []
+        while len(lines) < self.scanner.lookback and end >= 0:
+            start = data.rfind(b"\n", 0, end) + 1
+            lines.insert(0, _decode(data[start:end], self.scanner.max_line))
+            end = start - 1
+        self.recent.extend(lines)
 
     def _step(self, line: str, lineno: int, candidates, recent) -> list[Detection]:
         out: list[Detection] = []
@@ -357,6 +370,27 @@ class _Summary:
         return [replace(base, host=base.host or host,
                         rank=base.rank if base.rank is not None else
                         (int(rank.group()) if rank else None))]
+
+
+def _cut_long_lines(data: bytes, limit: int, first: int = 0, last: int | None = None) -> bytes:
+    """``data[first:last]`` with every line cut to ``limit`` bytes. A line that
+    long covers a whole aligned window of limit/2 bytes holding no newline, so
+    only those windows are looked at closely."""
+    last = len(data) if last is None else last
+    step, pieces, done, skip_to = max(limit // 2, 1), [], first, first
+    for pos in range(first, last, step):
+        if pos < skip_to or data.find(b"\n", pos, min(pos + step, last)) >= 0:
+            continue
+        start = max(data.rfind(b"\n", first, pos) + 1, first)
+        end = data.find(b"\n", pos, last)
+        end = last if end < 0 else end
+        if end - start > limit:
+            pieces.append(data[done:start + limit])
+            done = end
+        skip_to = end
+    if not pieces:
+        return data if (first, last) == (0, len(data)) else data[first:last]
+    return b"".join(pieces + [data[done:last]])
 
 
 def _traceback_kind(line: str) -> tuple[str, str]:

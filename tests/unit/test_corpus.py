@@ -1,10 +1,11 @@
 """The classifier against labelled real logs: per-category accuracy on category,
 action and node attribution, printed as a table (also without ``-s``).
 
-Rows: ``/work/shared/corpus/dev_failures.jsonl`` (real snippets from public
-reports) and ``tests/fixtures/corpus_extra.jsonl`` (our own cases written in
-real formats). Each row's lines go through the scanner and attribution with
-the context the lines themselves give (``context_from_lines``).
+Rows: ``tests/fixtures/corpus/dev_failures.jsonl`` (the shared dev corpus:
+real snippets from public reports) and ``tests/fixtures/corpus_extra.jsonl``
+(our own cases written in real formats). Each row's lines go through the
+scanner and attribution with the context the lines themselves give
+(``context_from_lines``).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from recovery_agent.detect.attribution import attribute, context_from_lines
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
 
-DEV = Path("/work/shared/corpus/dev_failures.jsonl")
+DEV = Path(__file__).resolve().parents[1] / "fixtures" / "corpus" / "dev_failures.jsonl"
 EXTRA = Path(__file__).resolve().parents[1] / "fixtures" / "corpus_extra.jsonl"
 ACTION_NAMES = {"requeue_exclude_node": "requeue_exclude"}
 MIN_CATEGORY = 0.95

@@ -18,7 +18,7 @@ from slurm_hooks.kmsg import FATAL_XIDS
 RULES = load_rules()
 LINE_RULES = [r for r in RULES if r.scope == "line"]
 SCANNER = Scanner(RULES, engine="re")
-CATALOG = Path("/work/shared/corpus/xid_catalog.jsonl")
+CATALOG = Path(__file__).resolve().parents[1] / "fixtures" / "corpus" / "xid_catalog.jsonl"
 
 
 def _examples(kind: str):
