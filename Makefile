@@ -23,7 +23,7 @@ help:
 	@echo "make demo   start a local Slurm cluster and run a sample training job on it"
 	@echo "make test   install, build, start a dev cluster, run every test, stop it"
 	@echo "make unit   only the fast unit tests (no cluster)"
-	@echo "make bench  hook and ingest benchmarks (figures into docs/)"
+	@echo "make bench  hook, ingest, scanner and tailer benchmarks (figures into docs/)"
 	@echo "make down   stop the demo cluster"
 	@echo "make deps   install Debian packages and the Python virtualenv"
 
@@ -56,7 +56,10 @@ unit: deps
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
 bench: deps build
+	@mkdir -p docs
 	$(BIN)/python -m tests.benchmarks.bench_hooks --out docs/benchmarks-hooks.md
+	$(BIN)/python -m tests.benchmarks.bench_scanner | tee docs/benchmarks-scanner.md
+	$(BIN)/python -m tests.benchmarks.bench_tail --out docs/benchmarks-tail.md
 
 demo: deps build
 	DEMO_STATE_DIR=$(DEMO_STATE_DIR) bash contrib/demo/demo.sh
