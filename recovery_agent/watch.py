@@ -14,11 +14,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from slurm_hooks import kmsg
 from slurm_hooks import spec as specs
 
 from .config import Config
+from .detect.attribution import AttributionContext, attribute
 from .detect.checkpoint import CheckpointWatcher, newest_checkpoint
-from .detect.model import Detection
+from .detect.model import Detection, Evidence
 from .detect.progress import HangDetector, StragglerDetector
 from .detect.scanner import Scanner
 from .errors import RecoveryError
@@ -29,6 +31,7 @@ from .store import Store
 log = logging.getLogger(__name__)
 CKPT_SCAN_INTERVAL = 30.0
 GONE_AFTER = 600.0  # a stored job slurmctld no longer lists is let go after this
+EPILOG_GRACE = 15.0  # how long a verdict waits for the nodes' epilog reports
 
 
 @dataclass
@@ -47,6 +50,8 @@ class AttemptWatch:
     streams: dict = field(default_factory=dict)
     last_ckpt_scan: float = 0.0
     saved_ckpt: object = None
+    nodes: tuple[str, ...] = ()
+    found: list = field(default_factory=list)   # this attempt's detections, for the verdict
 
     @property
     def key(self) -> str:
@@ -59,6 +64,7 @@ class Watcher:
         self.cfg, self.store, self.scheduler = cfg, store, scheduler
         self.scanner, self.tailer, self.clock = scanner, tailer, clock
         self.watches: dict[int, AttemptWatch] = {}   # by job row id
+        self.closing: list[tuple[AttemptWatch, Job | None, float]] = []
         self.cycles = 0
         self.detections = 0
 
@@ -71,6 +77,7 @@ class Watcher:
         self._sync(listing, now)
         found = self._scan(now)
         found += self._check(listing, now)
+        self._close_attempts(now)
         self.cycles += 1
         self.detections += len(found)
         return len(found)
@@ -100,7 +107,11 @@ class Watcher:
         """Start, renew or end the watch of every tracked job."""
         cluster = self.cfg.agent.cluster
         for row in self.store.jobs():
-            if row["cluster"] != cluster or row["state"] in FINISHED_STATES:
+            if row["cluster"] != cluster:
+                continue
+            if row["state"] in FINISHED_STATES and (
+                    now - (row["last_seen"] or 0) > GONE_AFTER
+                    or not self._needs_verdict(row["id"], row["restart_count"])):
                 continue
             job = listing.get(row["job_id"])
             if job is None:
@@ -114,11 +125,15 @@ class Watcher:
             watch = self.watches.get(row["id"])
             if job.is_finished:
                 if watch:
-                    self._finish(watch, now)
+                    self._finish(watch, now, job)
+                elif self._needs_verdict(row["id"], job.restart_count):
+                    # it ran and ended between two polls: judge it on the node reports
+                    self.closing.append((self._bare_watch(row, job), job, now + EPILOG_GRACE))
                 continue
-            if job.state == "RUNNING" and (watch is None or watch.attempt != job.restart_count):
-                if watch:
-                    self._finish(watch, now)
+            if watch is not None and watch.attempt != job.restart_count:
+                self._finish(watch, now, job)  # requeued: that attempt is over
+                watch = None
+            if job.state == "RUNNING" and watch is None:
                 self._start(row, job, now)
 
     def _start(self, row: dict, job: Job, now: float) -> None:
@@ -128,7 +143,8 @@ class Watcher:
         paths = {p for p in (job.stdout, job.stderr) if p}
         watch = AttemptWatch(row["id"], job.job_id, job.restart_count, spec, started, paths,
                              HangDetector.for_attempt(spec, env, started),
-                             StragglerDetector.for_environment(env, nodes=job.nodes))
+                             StragglerDetector.for_environment(env, nodes=job.nodes),
+                             nodes=job.nodes)
         for path in paths:
             self.tailer.add(path, watch.key)
             watch.streams[path] = self.scanner.stream(path)
@@ -136,17 +152,83 @@ class Watcher:
         log.info("job=%s attempt=%s watching %s", job.job_id, job.restart_count,
                  ", ".join(sorted(paths)))
 
-    def _finish(self, watch: AttemptWatch, now: float) -> None:
+    def _bare_watch(self, row: dict, job: Job) -> AttemptWatch:
+        spec = _parse(row["spec"])
+        env = self.cfg.environment(spec.env)
+        started = float(job.start_time or self.clock())
+        return AttemptWatch(row["id"], job.job_id, job.restart_count, spec, started, set(),
+                            HangDetector.for_attempt(spec, env, started),
+                            StragglerDetector.for_environment(env, nodes=job.nodes),
+                            nodes=job.nodes)
+
+    def _needs_verdict(self, job_pk: int, attempt: int) -> bool:
+        if any(w.job_pk == job_pk and w.attempt == attempt for w, _, _ in self.closing):
+            return False
+        done = self.store.db["events"].count_where(
+            "job = ? and attempt = ? and kind = 'verdict'", [job_pk, attempt])
+        return done == 0
+
+    def _finish(self, watch: AttemptWatch, now: float, job: Job | None = None) -> None:
         found = []
         for path in watch.paths:
             for line in self.tailer.flush_partial(path):
                 found += self._line(watch, line.path, line.lineno, line.text, now)
             found += watch.streams[path].flush()
         self._store(watch, found, now)
+        self.closing.append((watch, job, now + EPILOG_GRACE))
         self.watches.pop(watch.job_pk, None)
         for path in watch.paths:
             if not any(path in w.paths for w in self.watches.values()):
                 self.tailer.remove(path)
+
+    def _close_attempts(self, now: float) -> None:
+        """Give each ended attempt its verdict once every node's epilog report
+        (with the XIDs of the job's last moments) is in, or the grace is over."""
+        waiting = []
+        for watch, job, deadline in self.closing:
+            reports = self.store.db["node_reports"].count_where(
+                "job = ? and attempt = ? and hook = 'epilog'", [watch.job_pk, watch.attempt])
+            if reports >= len(watch.nodes) or now >= deadline:
+                self._verdict(watch, job, now)
+            else:
+                waiting.append((watch, job, deadline))
+        self.closing = waiting
+
+    def _verdict(self, watch: AttemptWatch, job: Job | None, now: float) -> None:
+        """Who is to blame for how this attempt ended, recorded on the timeline."""
+        node_fail = tuple(watch.nodes) if job is not None and job.state == "NODE_FAIL" else ()
+        context = AttributionContext(nodes=tuple(watch.nodes),
+                                     node_events=tuple(self._node_events(watch, now)),
+                                     node_fail=node_fail)
+        verdict = attribute(watch.found, context)
+        data = {"blame": verdict.blame, "category": verdict.category,
+                "action": verdict.action, "nodes": list(verdict.nodes),
+                "gpus": list(verdict.gpus), "confidence": verdict.confidence,
+                "reason": verdict.reason, "state": job.state if job else None}
+        with self.store.lock:
+            self.store.add_event(watch.job_pk, "verdict",
+                                 f"{verdict.blame}: {verdict.category or 'no failure'} -> "
+                                 f"{verdict.action}"
+                                 + (f" ({', '.join(verdict.nodes)})" if verdict.nodes else ""),
+                                 attempt=watch.attempt, source="attribution", data=data)
+        log.info("job=%s attempt=%s verdict blame=%s action=%s nodes=%s", watch.job_id,
+                 watch.attempt, verdict.blame, verdict.action, ",".join(verdict.nodes))
+
+    def _node_events(self, watch: AttemptWatch, now: float) -> list[Detection]:
+        """Fatal XIDs the node hooks reported for this attempt."""
+        events = []
+        rows = self.store.db["xids"].rows_where("job = ? and attempt = ?",
+                                               [watch.job_pk, watch.attempt])
+        for row in rows:
+            event = {"xid": row["xid"], "kind": row["kind"], "message": row["message"]}
+            if not kmsg.is_fatal(event):
+                continue
+            events.append(Detection(
+                rule=f"node.{row['kind']}", category="gpu_hardware", severity="critical",
+                host=row["node"], pci=row["pci"], xid=row["xid"],
+                gpu=str(row["gpu_index"]) if row["gpu_index"] is not None else None,
+                evidence=(Evidence(row["raw"], f"hook:{row['node']}", None, row["time"]),)))
+        return events
 
     def _end(self, job_pk: int, state: str) -> None:
         watch = self.watches.get(job_pk)
@@ -212,6 +294,7 @@ class Watcher:
     def _store(self, watch: AttemptWatch, found: list[Detection], now: float) -> None:
         if not found:
             return
+        watch.found.extend(found)
         with self.store.lock:
             for det in found:
                 self.store.record_detection(watch.job_pk, watch.attempt, det, ts=now)

@@ -121,6 +121,12 @@ def test_injected_xid_is_tied_to_node_gpu_and_job(agent, submit, devcluster):
         "select node, gpu_index, gpu_uuid, job from xids where xid = 79 and job = ?", row[0]),
         60, "XID 79 stored from the epilog")
     assert xid[0] == ("node2", 1, gpu1["uuid"], row[0])
+    # the agent's verdict for the attempt blames node2 on the node report's XID
+    verdict = wait_for(lambda: agent.query(
+        "select data from events where job = ? and kind = 'verdict'", row[0]), 60, "verdict")
+    data = json.loads(verdict[-1][0])
+    assert (data["blame"], data["category"], data["action"], data["nodes"]) == \
+        ("node", "gpu_hardware", "requeue_exclude", ["node2"])
 
 
 def test_reports_spool_while_the_agent_is_down(agent, submit, devcluster):
