@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any

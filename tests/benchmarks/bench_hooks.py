@@ -27,7 +27,6 @@ from pathlib import Path
 
 from recovery_agent.devcluster.cluster import DevCluster
 from recovery_agent.devcluster.config import local_spec
-from slurm_hooks import munge
 from slurm_hooks.delivery import Deliverer
 
 PORT = int(os.environ.get("RECOVERY_BENCH_PORT", "36817"))

@@ -7,9 +7,12 @@ There is no fallback to a mock: without Slurm these tests error out.
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Callable
 
@@ -86,3 +89,56 @@ def submit(devcluster):
     submitter = Submitter(devcluster)
     yield submitter
     submitter.cleanup()
+
+
+class AgentProcess:
+    """recovery-agent started from the dev cluster's own recovery.toml."""
+
+    def __init__(self, cluster) -> None:
+        self.cluster = cluster
+        self.config = cluster.lay.agent_config
+        self.port = int(next(l.split("=")[1] for l in self.config.read_text().splitlines()
+                             if l.startswith("port =")))
+        self.db = cluster.lay.root / "agent" / "recovery.db"
+        self.log = cluster.lay.logs / "agent.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = dict(os.environ, RECOVERY_CONFIG=str(self.config))
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "recovery_agent"], env=env,
+                                         stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+        wait_for(self.healthy, 30, "agent answering /v1/health")
+
+    def healthy(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            pytest.fail(f"agent exited: {self.log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/health",
+                                        timeout=1) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=15)
+        self.proc = None
+
+    def query(self, sql: str, *args) -> list[tuple]:
+        with sqlite3.connect(self.db, timeout=10) as conn:
+            return conn.execute(sql, args).fetchall()
+
+
+@pytest.fixture(scope="module")
+def agent(devcluster):
+    a = AgentProcess(devcluster)
+    a.start()
+    yield a
+    a.stop()
+
+
+def job_row(agent, job_id: str):
+    rows = agent.query("select id, env, mode, spec from jobs where job_id = ?", job_id)
+    return rows[0] if rows else None

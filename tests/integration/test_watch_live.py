@@ -7,19 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import wait_for
-from tests.integration.test_hooks_live import AgentProcess, job_row
+from tests.integration.conftest import job_row, wait_for
 
 pytestmark = pytest.mark.live
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def agent(devcluster):
-    a = AgentProcess(devcluster)
-    a.start()
-    yield a
-    a.stop()
 
 
 def detections(agent, job_pk: int, rule: str) -> list[tuple]:

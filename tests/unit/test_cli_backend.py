@@ -2,7 +2,6 @@
 stand-in commands. (Against the real cluster: tests/integration.)"""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest

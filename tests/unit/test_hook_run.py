@@ -3,7 +3,6 @@ code that fails a job only for an enforced preflight fault."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
