@@ -29,7 +29,8 @@ def scheduler_for(cfg: Config) -> Scheduler | None:
         return None
 
 
-def start_watch(cfg: Config, store: Store, sched: Scheduler) -> threading.Event:
+def start_watch(cfg: Config, store: Store, sched: Scheduler,
+                ingest: Ingest) -> threading.Event:
     """The watch loop in a background thread; set the returned event to stop it."""
     from .detect.patterns import load_rules
     from .detect.scanner import Scanner
@@ -39,6 +40,7 @@ def start_watch(cfg: Config, store: Store, sched: Scheduler) -> threading.Event:
     site = [cfg.agent.patterns_dir] if cfg.agent.patterns_dir else []
     scanner = Scanner(load_rules(site))
     watcher = Watcher(cfg, store, sched, scanner, Tailer(SqliteCursorStore(store)))
+    ingest.log_listeners.append(watcher.report_lines)
     stop = threading.Event()
     threading.Thread(target=watcher.run_forever, args=(stop,), name="watch",
                      daemon=True).start()
@@ -76,12 +78,12 @@ def main(config_path: str | None, bind: str | None, port: int | None, no_watch: 
 
     from .api import create_app
     sched = scheduler_for(cfg)
-    app = create_app(cfg, Ingest(store, cfg.agent.cluster,
-                                 JobCache(sched) if sched is not None else None))
+    ingest = Ingest(store, cfg.agent.cluster, JobCache(sched) if sched is not None else None)
+    app = create_app(cfg, ingest)
     stop = None
     if sched is not None and not no_watch:
         try:
-            stop = start_watch(cfg, store, sched)
+            stop = start_watch(cfg, store, sched, ingest)
         except RecoveryError as exc:
             raise click.ClickException(str(exc)) from None
     host, listen_port = bind or cfg.api.bind, port or cfg.api.port

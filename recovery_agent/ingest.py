@@ -26,6 +26,7 @@ _NODE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _JOB_ID = re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")
 MAX_GPUS = 64
 MAX_XIDS = 500
+MAX_LOG_LINES = 2000
 
 
 class ReportError(RecoveryError):
@@ -94,6 +95,8 @@ def validate(hook: str, report: Any) -> dict:
     gpus = _want(report, "gpus", (dict,), "")
     _objects(gpus, "gpus", MAX_GPUS, "gpus.", {"index": (int,)})
     _objects(report, "xids", MAX_XIDS, "", {"xid": (int,), "raw": (str,)})
+    if report.get("log_lines") is not None:
+        _objects(report, "log_lines", MAX_LOG_LINES, "", {"text": (str,)})
     if hook == "epilog":
         _want(report, "exit", (dict,), "")
     return report
@@ -120,6 +123,9 @@ class Ingest:
         self.store = store
         self.cluster = cluster
         self.jobs = jobs
+        # called with (job row id, attempt, report) for reports that carry
+        # log lines, after they are stored (the watch loop scans them)
+        self.log_listeners: list = []
         if jobs is not None:
             jobs.on_refresh.append(self.complete_submit_times)
 
@@ -183,6 +189,9 @@ class Ingest:
                                      data={"report": report["report_id"],
                                            "xids": len(report["xids"]),
                                            "gpus": report["gpus"].get("count")})
+        if job_pk is not None and report.get("log_lines"):
+            for listener in self.log_listeners:
+                listener(job_pk, attempt, report)
         return StoredReport(report_pk, False, job_pk)
 
     def _report_row(self, hook, report, cluster, job_pk, attempt, sender_uid) -> dict:

@@ -24,7 +24,7 @@ from .detect.model import Detection, Evidence
 from .detect.progress import HangDetector, StragglerDetector
 from .detect.scanner import Scanner
 from .errors import RecoveryError
-from .logs.tail import Tailer
+from .logs.tail import Tailer, lines_from_report
 from .scheduler.base import FINISHED_STATES, Job, Scheduler
 from .store import Store
 
@@ -65,6 +65,8 @@ class Watcher:
         self.scanner, self.tailer, self.clock = scanner, tailer, clock
         self.watches: dict[int, AttemptWatch] = {}   # by job row id
         self.closing: list[tuple[AttemptWatch, Job | None, float]] = []
+        self._report_lines: list[tuple[int, int, dict]] = []
+        self._report_lock = threading.Lock()
         self.cycles = 0
         self.detections = 0
 
@@ -238,10 +240,26 @@ class Watcher:
             self.store.db["jobs"].update(job_pk, {"state": state})
 
     # -- lines and detectors -------------------------------------------------
+    def report_lines(self, job_pk: int, attempt: int, report: dict) -> None:
+        """Ingest hands over a node report carrying log lines (any thread)."""
+        with self._report_lock:
+            self._report_lines.append((job_pk, attempt, report))
+
+    def _lines(self) -> list:
+        """New lines from the followed files, then those that came in reports."""
+        lines = self.tailer.poll()
+        with self._report_lock:
+            queued, self._report_lines = self._report_lines, []
+        for job_pk, attempt, report in queued:
+            watch = self.watches.get(job_pk)
+            if watch is not None and watch.attempt == attempt:
+                lines += lines_from_report(report, key=watch.key)
+        return lines
+
     def _scan(self, now: float) -> list[Detection]:
         by_key = {w.key: w for w in self.watches.values()}
         pending: dict[str, list[Detection]] = {}
-        for line in self.tailer.poll():
+        for line in self._lines():
             watch = by_key.get(line.key)
             if watch is None:
                 continue

@@ -171,6 +171,8 @@ BAD = [
     ({"gpus": []}, "gpus"),
     ({"xids": [{"xid": "79", "raw": "x"}]}, "xids[0].xid"),
     ({"xids": [{"xid": 79}]}, "xids[0].raw"),
+    ({"log_lines": [{"text": 5}]}, "log_lines[0].text"),
+    ({"log_lines": "oops"}, "log_lines"),
 ]
 
 

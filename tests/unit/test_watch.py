@@ -90,3 +90,27 @@ def test_job_that_ran_between_polls_is_still_judged(tmp_path):
     (verdict,) = events(store, "verdict")
     assert verdict["data"]["blame"] == "node"
     assert verdict["data"]["nodes"] == ["node1", "node2"]
+
+
+def test_log_lines_inside_node_reports_are_scanned(tmp_path):
+    from recovery_agent.ingest import Ingest
+    clock = [2000.0]
+    watcher, store, sched = make(tmp_path, clock)
+    out = tmp_path / "o.out"
+    out.write_text("")
+    sched.jobs = [job("RUNNING", str(out))]
+    watcher.cycle()
+    ingest = Ingest(store, "c1")
+    ingest.log_listeners.append(watcher.report_lines)
+    ingest.store_report("epilog", {
+        "version": 1, "hook": "epilog", "report_id": "a" * 32, "created": 2001.0,
+        "cluster": "c1", "node": "node2", "job": {"job_id": "77", "attempt": 0,
+                                                  "spec": "prod"},
+        "gpus": {"ok": True, "gpus": []}, "xids": [], "exit": {"code": 1},
+        "log_lines": [{"text": "slurmstepd: error: Detected 1 oom_kill event in "
+                               "StepId=77.0. Some of the step tasks have been OOM Killed.",
+                       "source": "slurmd"}]})
+    clock[0] += 2
+    watcher.cycle()
+    (det,) = [d for d in store.detections(1) if d["category"] == "oom"]
+    assert det["source"] == "hook:node2/epilog:slurmd"
