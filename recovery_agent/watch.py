@@ -130,7 +130,7 @@ class Watcher:
                     self._finish(watch, now, job)
                 elif self._needs_verdict(row["id"], job.restart_count):
                     # it ran and ended between two polls: judge it on the node reports
-                    self.closing.append((self._bare_watch(row, job), job, now + EPILOG_GRACE))
+                    self.closing.append((self._new_watch(row, job, now), job, now + EPILOG_GRACE))
                 continue
             if watch is not None and watch.attempt != job.restart_count:
                 self._finish(watch, now, job)  # requeued: that attempt is over
@@ -139,25 +139,20 @@ class Watcher:
                 self._start(row, job, now)
 
     def _start(self, row: dict, job: Job, now: float) -> None:
-        spec = _parse(row["spec"])
-        env = self.cfg.environment(spec.env)
-        started = float(job.start_time or now)
-        paths = {p for p in (job.stdout, job.stderr) if p}
-        watch = AttemptWatch(row["id"], job.job_id, job.restart_count, spec, started, paths,
-                             HangDetector.for_attempt(spec, env, started),
-                             StragglerDetector.for_environment(env, nodes=job.nodes),
-                             nodes=job.nodes)
-        for path in paths:
+        watch = self._new_watch(row, job, now)
+        watch.paths = {p for p in (job.stdout, job.stderr) if p}
+        for path in watch.paths:
             self.tailer.add(path, watch.key)
             watch.streams[path] = self.scanner.stream(path)
         self.watches[row["id"]] = watch
         log.info("job=%s attempt=%s watching %s", job.job_id, job.restart_count,
-                 ", ".join(sorted(paths)))
+                 ", ".join(sorted(watch.paths)))
 
-    def _bare_watch(self, row: dict, job: Job) -> AttemptWatch:
+    def _new_watch(self, row: dict, job: Job, now: float) -> AttemptWatch:
+        """An attempt's detectors, following no file yet."""
         spec = _parse(row["spec"])
         env = self.cfg.environment(spec.env)
-        started = float(job.start_time or self.clock())
+        started = float(job.start_time or now)
         return AttemptWatch(row["id"], job.job_id, job.restart_count, spec, started, set(),
                             HangDetector.for_attempt(spec, env, started),
                             StragglerDetector.for_environment(env, nodes=job.nodes),

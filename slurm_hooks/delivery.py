@@ -56,13 +56,12 @@ class Deliverer:
         except OSError as exc:
             log.info("agent unreachable (%s): spooling", exc)
             return FAILED
-        resp_status = status
-        if resp_status in (200, 201):
-            return DUPLICATE if resp_status == 200 else SENT
-        if resp_status in (400, 404, 413):
-            log.error("agent rejected %s report (%s): %s", hook, resp_status, answer[:300])
+        if status in (200, 201):
+            return DUPLICATE if status == 200 else SENT
+        if status in (400, 404, 413):
+            log.error("agent rejected %s report (%s): %s", hook, status, answer[:300])
             return REJECTED
-        log.warning("agent answered %s: %s", resp_status, answer[:300])
+        log.warning("agent answered %s: %s", status, answer[:300])
         return FAILED
 
     def _post(self, path: str, body: bytes, headers: dict) -> tuple[int, str]:

@@ -88,16 +88,15 @@ def preflight(cfg: settings.Settings, gpus: dict, xids: list[dict]) -> dict:
             "faults": faults}
 
 
-def _xids(cfg: settings.Settings, node: str, hook: str, since: float | None) -> list[dict]:
+def _xids(cfg: settings.Settings, node: str, since: float | None) -> list[dict]:
     source = cfg.kernel_log
     if source.startswith("file:"):
         source = "file:" + _node_path(source[5:], node)
     try:
-        found = kmsg.read_xids(source, since)
+        return kmsg.read_xids(source, since)
     except kmsg.KernelLogError as exc:
         log.warning("kernel log unreadable (%s): no XIDs this time", exc)
         return []
-    return [{k: v for k, v in x.items()} for x in found]
 
 
 def _start_marker(spool: Path, job: dict) -> Path:
@@ -124,7 +123,7 @@ def build_report(hook: str, cfg: settings.Settings, environ: Mapping[str, str], 
     snapshot = gpu.snapshot(_node_path(cfg.nvml_library, node),
                             _node_path(cfg.gpu_state_file, node))
     since = _job_window(hook, cfg, spool, job, now)
-    xids = _xids(cfg, node, hook, since)
+    xids = _xids(cfg, node, since)
     report = {"version": REPORT_VERSION, "hook": hook, "report_id": os.urandom(16).hex(),
               "created": now, "cluster": environ.get("SLURM_CLUSTER_NAME", ""),
               "node": node, "job": job, "gpus": snapshot, "xids": xids}

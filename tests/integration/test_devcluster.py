@@ -19,6 +19,7 @@ import pytest
 
 from recovery_agent.devcluster import cluster as cluster_mod
 from recovery_agent.devcluster.cluster import DevCluster
+from tests.conftest import small_tmpfs
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.live
@@ -147,10 +148,7 @@ def test_full_disk(tmp_path, monkeypatch):
     """A state dir on a full filesystem: a real 1 MiB tmpfs where we may mount
     one, otherwise the same check fed a full disk's numbers."""
     mnt = tmp_path / "small"
-    mnt.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                             capture_output=True).returncode == 0
-    try:
+    with small_tmpfs(mnt, "1m") as mounted:
         if mounted:
             result = devcluster("up", "--port", str(PORT), "--state-dir", str(mnt / "dc"))
             assert result.returncode != 0
@@ -163,10 +161,6 @@ def test_full_disk(tmp_path, monkeypatch):
             message = str(info.value)
         assert "not enough free space" in message or "full disk" in message
         assert len(message.splitlines()) == 1
-    finally:
-        if mounted:
-            subprocess.run(["umount", str(mnt)], check=False)
-
 
 def test_up_fails_fast_with_the_log_tail(state, monkeypatch):
     """A daemon that cannot start: the error carries its log, well inside 60 s."""

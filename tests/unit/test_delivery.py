@@ -6,13 +6,13 @@ import http.server
 import json
 import logging
 import socket
-import subprocess
 import threading
 import time
 
 import pytest
 
 from slurm_hooks.delivery import Deliverer
+from tests.conftest import small_tmpfs
 
 
 class Agent:
@@ -141,12 +141,12 @@ def test_corrupt_spool_file_is_moved_aside(agent, tmp_path, caplog):
 def test_full_spool_disk_logs_and_does_not_raise(tmp_path, caplog, monkeypatch):
     """A real full filesystem where we may mount one; else open() says ENOSPC."""
     mnt = tmp_path / "small"
-    mnt.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
-                             capture_output=True).returncode == 0
-    try:
+    with small_tmpfs(mnt, "64k") as mounted:
         if mounted:
-            (mnt / "filler").write_bytes(b"x" * 64 * 1024)  # fill it; the write may stop short
+            try:
+                (mnt / "filler").write_bytes(b"x" * 64 * 1024)  # may stop short: full
+            except OSError:
+                pass
         else:
             import builtins
             real_open = builtins.open
@@ -156,15 +156,9 @@ def test_full_spool_disk_logs_and_does_not_raise(tmp_path, caplog, monkeypatch):
                     raise OSError(errno.ENOSPC, "No space left on device")
                 return real_open(path, mode, *a, **kw)
             monkeypatch.setattr(builtins, "open", full_open)
-    except OSError:
-        pass
-    try:
         rid, data = body(1)
         big = data + b" " * 128 * 1024  # larger than any room left
         with caplog.at_level(logging.ERROR, logger="slurm_hooks"):
             outcome = deliverer(free_port(), mnt / "spool").deliver("epilog", rid, big)
         assert outcome == "lost"
         assert any("cannot spool" in r.getMessage() for r in caplog.records)
-    finally:
-        if mounted:
-            subprocess.run(["umount", str(mnt)], check=False)
