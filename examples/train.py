@@ -51,6 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(SLURM_RESTART_COUNT unset or 0)")
     p.add_argument("--fail-rank", type=int, default=0, metavar="R",
                    help="the rank that crashes with --fail-at-step (default: %(default)s)")
+    p.add_argument("--xid-log", metavar="PATH",
+                   help="crash like a CUDA program does when this node's kernel log "
+                        "gains an NVRM Xid line ({node} is replaced by the node name); "
+                        "how the dev cluster's injected GPU faults reach the job")
     args = p.parse_args(argv)
     for name in ("steps", "ckpt_every", "log_every"):
         if getattr(args, name) < 1:
@@ -121,6 +125,28 @@ def loss_at(step: int, rank: int) -> float:
     return 2.5 * math.exp(-step / 150.0) + 0.1 + 0.02 * math.sin(step * 0.7 + rank)
 
 
+class XidWatch:
+    """Notices NVRM Xid lines added to a kernel log after the job started: the
+    GPU this rank uses has failed, and the next CUDA call would fail."""
+
+    def __init__(self, template: str, node: str) -> None:
+        self.path = Path(template.replace("{node}", node))
+        try:
+            self.offset = self.path.stat().st_size
+        except OSError:
+            self.offset = 0
+
+    def new_fault(self) -> bool:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                added = fh.read()
+        except OSError:
+            return False
+        self.offset += len(added)
+        return b"NVRM: Xid" in added
+
+
 def exit_on_sigterm(who: str) -> None:
     """Slurm sends SIGTERM on scancel, requeue and time limit: say so, exit 128+15."""
     def handler(signum: int, frame: object) -> None:
@@ -142,8 +168,14 @@ def train(args: argparse.Namespace, task: Task) -> int:
     else:
         log(f"{who} starting fresh (restart {task.restart})")
     saved = start
+    xids = XidWatch(args.xid_log, task.node) if args.xid_log else None
     for step in range(start + 1, args.steps + 1):
         time.sleep(args.step_time)
+        if xids is not None and xids.new_fault():
+            log(f"{who} step {step}: CUDA error on this node's GPU")
+            raise RuntimeError("CUDA error: unspecified launch failure\n"
+                               "CUDA kernel errors might be asynchronously reported at some "
+                               "other API call")
         if (args.fail_at_step == step and task.rank == args.fail_rank
                 and task.restart == 0):
             raise RuntimeError(f"simulated crash on rank {task.rank} at step {step} "

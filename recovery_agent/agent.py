@@ -1,5 +1,6 @@
-"""``recovery-agent``: the central service. Today it serves hook ingest; the
-scheduler poller, detectors and actuator join it in later releases."""
+"""``recovery-agent``: the central service. Hook ingest (HTTP), the watch loop
+(poll, tail, detect, decide) and the actuator (act on Slurm, watchdog), one
+process per store: a second agent on the same store refuses to start."""
 from __future__ import annotations
 
 import logging
@@ -14,7 +15,7 @@ from .ingest import Ingest
 from .jobcache import JobCache
 from .scheduler import Scheduler, select_scheduler
 from .scheduler.runner import SlurmRunner
-from .store import Store
+from .store import Store, StoreLock
 
 log = logging.getLogger("recovery_agent")
 
@@ -31,7 +32,10 @@ def scheduler_for(cfg: Config) -> Scheduler | None:
 
 def start_watch(cfg: Config, store: Store, sched: Scheduler,
                 ingest: Ingest) -> threading.Event:
-    """The watch loop in a background thread; set the returned event to stop it."""
+    """The watch loop and the actuator in background threads; set the returned
+    event to stop them."""
+    from .actuator import Actuator
+    from .decide import Decider
     from .detect.patterns import load_rules
     from .detect.scanner import Scanner
     from .logs.tail import SqliteCursorStore, Tailer
@@ -39,10 +43,16 @@ def start_watch(cfg: Config, store: Store, sched: Scheduler,
 
     site = [cfg.agent.patterns_dir] if cfg.agent.patterns_dir else []
     scanner = Scanner(load_rules(site))
-    watcher = Watcher(cfg, store, sched, scanner, Tailer(SqliteCursorStore(store)))
+    actuator = Actuator(cfg, store, sched)
+    decider = Decider(cfg, store, sched)
+    decider.on_new_work.append(actuator.wake.set)
+    watcher = Watcher(cfg, store, sched, scanner, Tailer(SqliteCursorStore(store)),
+                      decider=decider)
     ingest.log_listeners.append(watcher.report_lines)
     stop = threading.Event()
     threading.Thread(target=watcher.run_forever, args=(stop,), name="watch",
+                     daemon=True).start()
+    threading.Thread(target=actuator.run_forever, args=(stop,), name="actuator",
                      daemon=True).start()
     log.info("watching jobs every %.1fs with %d rules (%s engine)", cfg.agent.poll_interval,
              len(scanner.rules), scanner.engine_name)
@@ -70,7 +80,9 @@ def main(config_path: str | None, bind: str | None, port: int | None, no_watch: 
         raise click.ClickException(str(exc)) from None
     logging.basicConfig(level=cfg.agent.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    lock = StoreLock(cfg.store_path)
     try:
+        lock.acquire()
         store = Store(cfg.store_path)
     except RecoveryError as exc:
         raise click.ClickException(str(exc)) from None

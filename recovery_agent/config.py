@@ -20,6 +20,7 @@ DEFAULT_PATH = Path("/etc/slurm-recovery/recovery.toml")
 ENV_PATH = "RECOVERY_CONFIG"
 MODES = ("monitor", "action", "external")
 BACKENDS = ("auto", "cli", "pyslurm")
+STRAGGLER_ACTIONS = ("none", "kill_requeue")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
@@ -99,6 +100,20 @@ class EnvironmentConfig:
                                    "(above 1).", default=1.5)
     straggler_window: float = _doc("How far back step times are kept for straggler "
                                    "detection.", duration=True, default=600.0)
+    straggler_action: str = _doc("What a straggler leads to: none (record it) or "
+                                 "kill_requeue (kill the job and requeue it without the "
+                                 "slow host).", default="none")
+    unknown_max_restarts: int = _doc("Requeues allowed for failures nobody can explain "
+                                     "(no evidence), within max_restarts.", default=1)
+    no_progress_attempts: int = _doc("Stop once this many attempts in a row ended without "
+                                     "a new checkpoint (0 disables; needs checkpoints "
+                                     "to be seen: ckpt= or checkpoint log lines).",
+                                     default=3)
+    drain_hardware: bool = _doc("Drain a node blamed for a GPU hardware fault.",
+                                default=True)
+    interconnect_strikes: int = _doc("Drain a node once interconnect failures named it "
+                                     "this many times across jobs within "
+                                     "policy.strike_window (0 never drains).", default=2)
 
 
 @dataclass(frozen=True)
@@ -140,8 +155,35 @@ class HooksConfig:
                              "default.", default="")
 
 
+@dataclass(frozen=True)
+class PolicyConfig:
+    decision_timeout: float = _doc("A job held for a recovery decision longer than this "
+                                   "is released to normal scheduling (the watchdog).",
+                                   duration=True, default=60.0)
+    action_retries: int = _doc("Tries of a failing Slurm command before the "
+                               "recommendation ends failed.", default=3)
+    retry_backoff: float = _doc("Wait before the first retry; doubled for each next one.",
+                                duration=True, default=1.0)
+    max_drains_per_hour: int = _doc("Blast-radius budget: drains by us per hour, cluster "
+                                    "wide. Over it, a drain is blocked_by_budget.",
+                                    default=4)
+    max_drained_percent: float = _doc("Blast-radius budget: the most of a partition's "
+                                      "nodes we keep drained, in percent.", default=10.0)
+    lemon_threshold: float = _doc("A node whose decayed strike score reaches this is a "
+                                  "lemon: excluded from every tracked job's retries and "
+                                  "drained (0 disables).", default=3.0)
+    lemon_half_life: float = _doc("Half-life of a strike in the lemon score.",
+                                  duration=True, default=7 * 86400.0)
+    strike_window: float = _doc("Window in which interconnect strikes are counted.",
+                                duration=True, default=86400.0)
+    resume_after: float = _doc("Resume a node we drained once its health reports have "
+                               "been clean this long (0: never resume automatically).",
+                               duration=True, default=1800.0)
+
+
 SECTIONS: dict[str, type] = {"agent": AgentConfig, "scheduler": SchedulerConfig,
-                             "store": StoreConfig, "api": ApiConfig, "hooks": HooksConfig}
+                             "store": StoreConfig, "api": ApiConfig, "hooks": HooksConfig,
+                             "policy": PolicyConfig}
 
 
 @dataclass(frozen=True)
@@ -151,6 +193,7 @@ class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     hooks: HooksConfig = field(default_factory=HooksConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
     environments: Mapping[str, EnvironmentConfig] = field(
         default_factory=lambda: {"default": EnvironmentConfig()})
     source: str = ""
@@ -256,6 +299,25 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"environments.{name}.straggler_factor: must be above 1")
         if env.straggler_window <= 0:
             raise ConfigError(f"environments.{name}.straggler_window: must be above zero")
+        if env.straggler_action not in STRAGGLER_ACTIONS:
+            raise ConfigError(f"environments.{name}.straggler_action: must be none or "
+                              f"kill_requeue, got {env.straggler_action!r}")
+        for key in ("unknown_max_restarts", "no_progress_attempts", "interconnect_strikes"):
+            if not 0 <= getattr(env, key) <= 1000:
+                raise ConfigError(f"environments.{name}.{key}: must be 0-1000")
+    pol = cfg.policy
+    if pol.decision_timeout <= 0:
+        raise ConfigError("policy.decision_timeout: must be above zero")
+    if not 1 <= pol.action_retries <= 20:
+        raise ConfigError("policy.action_retries: must be 1-20")
+    if pol.max_drains_per_hour < 0:
+        raise ConfigError("policy.max_drains_per_hour: must not be negative")
+    if not 0 <= pol.max_drained_percent <= 100:
+        raise ConfigError("policy.max_drained_percent: must be 0-100")
+    if pol.lemon_threshold < 0:
+        raise ConfigError("policy.lemon_threshold: must not be negative")
+    if pol.lemon_half_life <= 0:
+        raise ConfigError("policy.lemon_half_life: must be above zero")
 
 
 def from_mapping(data: Mapping[str, Any], source: str = "") -> Config:

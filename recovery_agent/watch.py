@@ -18,9 +18,9 @@ from slurm_hooks import kmsg
 from slurm_hooks import spec as specs
 
 from .config import Config
-from .detect.attribution import AttributionContext, attribute
+from .detect.attribution import AttributionContext, all_detections, attribute
 from .detect.checkpoint import CheckpointWatcher, newest_checkpoint
-from .detect.model import Detection, Evidence
+from .detect.model import Detection, Evidence, Verdict
 from .detect.progress import HangDetector, StragglerDetector
 from .detect.scanner import Scanner
 from .errors import RecoveryError
@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 CKPT_SCAN_INTERVAL = 30.0
 GONE_AFTER = 600.0  # a stored job slurmctld no longer lists is let go after this
 EPILOG_GRACE = 15.0  # how long a verdict waits for the nodes' epilog reports
+XID_SLACK = 120.0    # node clocks may lag the controller's by this much
 
 
 @dataclass
@@ -52,6 +53,7 @@ class AttemptWatch:
     saved_ckpt: object = None
     nodes: tuple[str, ...] = ()
     found: list = field(default_factory=list)   # this attempt's detections, for the verdict
+    found_at: list = field(default_factory=list)  # when each was seen (agent clock)
 
     @property
     def key(self) -> str:
@@ -60,8 +62,9 @@ class AttemptWatch:
 
 class Watcher:
     def __init__(self, cfg: Config, store: Store, scheduler: Scheduler, scanner: Scanner,
-                 tailer: Tailer, clock=time.time) -> None:
+                 tailer: Tailer, clock=time.time, decider=None) -> None:
         self.cfg, self.store, self.scheduler = cfg, store, scheduler
+        self.decider = decider
         self.scanner, self.tailer, self.clock = scanner, tailer, clock
         self.watches: dict[int, AttemptWatch] = {}   # by job row id
         self.closing: list[tuple[AttemptWatch, Job | None, float]] = []
@@ -90,7 +93,7 @@ class Watcher:
             raw = specs.from_comment(job.comment)
             if raw is None or job.is_finished or job.array_task_spec:
                 continue
-            if self.store.find_job_exact(cluster, job.job_id, job.submit_time or 0):
+            if self.store.match_job(cluster, job):
                 continue
             try:
                 spec = specs.parse(raw)
@@ -145,6 +148,12 @@ class Watcher:
             self.tailer.add(path, watch.key)
             watch.streams[path] = self.scanner.stream(path)
         self.watches[row["id"]] = watch
+        if job.restart_count:
+            with self.store.lock:
+                self.store.db.execute(
+                    "update recommendations set running_again_at = ? where job = ? and "
+                    "attempt = ? and scope = 'job' and running_again_at is null",
+                    [float(job.start_time or now), row["id"], job.restart_count - 1])
         log.info("job=%s attempt=%s watching %s", job.job_id, job.restart_count,
                  ", ".join(sorted(watch.paths)))
 
@@ -192,7 +201,8 @@ class Watcher:
         self.closing = waiting
 
     def _verdict(self, watch: AttemptWatch, job: Job | None, now: float) -> None:
-        """Who is to blame for how this attempt ended, recorded on the timeline."""
+        """Who is to blame for how this attempt ended, recorded on the timeline,
+        and (with a decider) what to do about it, in the same transaction."""
         node_fail = tuple(watch.nodes) if job is not None and job.state == "NODE_FAIL" else ()
         context = AttributionContext(nodes=tuple(watch.nodes),
                                      node_events=tuple(self._node_events(watch, now)),
@@ -202,14 +212,35 @@ class Watcher:
                 "action": verdict.action, "nodes": list(verdict.nodes),
                 "gpus": list(verdict.gpus), "confidence": verdict.confidence,
                 "reason": verdict.reason, "state": job.state if job else None}
-        with self.store.lock:
-            self.store.add_event(watch.job_pk, "verdict",
-                                 f"{verdict.blame}: {verdict.category or 'no failure'} -> "
-                                 f"{verdict.action}"
-                                 + (f" ({', '.join(verdict.nodes)})" if verdict.nodes else ""),
-                                 attempt=watch.attempt, source="attribution", data=data)
+        event = {"kind": "verdict",
+                 "message": f"{verdict.blame}: {verdict.category or 'no failure'} -> "
+                            f"{verdict.action}"
+                            + (f" ({', '.join(verdict.nodes)})" if verdict.nodes else ""),
+                 "attempt": watch.attempt, "source": "attribution", "data": data}
         log.info("job=%s attempt=%s verdict blame=%s action=%s nodes=%s", watch.job_id,
                  watch.attempt, verdict.blame, verdict.action, ",".join(verdict.nodes))
+        # decide only while Slurm still shows this attempt: one requeued by
+        # someone else (or gone) is recorded, not acted on
+        if self.decider is not None and job is not None and job.restart_count == watch.attempt:
+            self._decide(watch, job, verdict, "ended", all_detections(watch.found, context),
+                         event)
+            return
+        with self.store.lock:
+            self.store.add_event(watch.job_pk, **event)
+
+    def _decide(self, watch: AttemptWatch, job: Job | None, verdict: Verdict, trigger: str,
+                detections: list[Detection], event: dict | None = None) -> None:
+        seen = list(watch.found_at) + [None] * (len(detections) - len(watch.found_at))
+        try:
+            self.decider.decide_attempt(watch.job_pk, watch.attempt, watch.spec, verdict,
+                                        trigger=trigger, job=job, nodes=tuple(watch.nodes),
+                                        detections=detections, seen_at=seen,
+                                        started=watch.started, verdict_event=event)
+        except RecoveryError as exc:
+            log.error("job=%s attempt=%s no decision: %s", watch.job_id, watch.attempt, exc)
+            if event:
+                with self.store.lock:
+                    self.store.add_event(watch.job_pk, **event)
 
     def _node_events(self, watch: AttemptWatch, now: float) -> list[Detection]:
         """Fatal XIDs the node hooks reported for this attempt."""
@@ -220,6 +251,8 @@ class Watcher:
             event = {"xid": row["xid"], "kind": row["kind"], "message": row["message"]}
             if not kmsg.is_fatal(event):
                 continue
+            if row["time"] and row["time"] < watch.started - XID_SLACK:
+                continue   # logged before this attempt began (an old fault, preflight's job)
             events.append(Detection(
                 rule=f"node.{row['kind']}", category="gpu_hardware", severity="critical",
                 host=row["node"], pci=row["pci"], xid=row["xid"],
@@ -283,10 +316,28 @@ class Watcher:
             hang = watch.hang.check(now, running=bool(job and job.state == "RUNNING"))
             if hang:
                 found.append(hang)
-            found += watch.straggler.check(now)
+            slow = watch.straggler.check(now)
+            found += slow
             self._checkpoint(watch, now)
             self._store(watch, found, now)
             found_all += found
+            if self.decider is not None and job is not None and job.state == "RUNNING" \
+                    and job.restart_count == watch.attempt:
+                if hang:
+                    context = AttributionContext(nodes=tuple(watch.nodes),
+                                                 node_events=tuple(self._node_events(watch,
+                                                                                     now)))
+                    self._decide(watch, job, attribute(watch.found, context), "hang",
+                                 all_detections(watch.found, context))
+                elif slow:
+                    hosts = tuple(d.host for d in slow if d.host)
+                    verdict = Verdict(blame="node" if hosts else "unknown",
+                                      category="straggler", action="kill_requeue",
+                                      confidence=0.6, nodes=hosts,
+                                      rests_on=tuple(range(len(watch.found) - len(slow),
+                                                           len(watch.found))),
+                                      reason=slow[0].detail)
+                    self._decide(watch, job, verdict, "straggler", list(watch.found))
         return found_all
 
     def _checkpoint(self, watch: AttemptWatch, now: float) -> None:
@@ -308,6 +359,7 @@ class Watcher:
         if not found:
             return
         watch.found.extend(found)
+        watch.found_at.extend([now] * len(found))
         with self.store.lock:
             for det in found:
                 self.store.record_detection(watch.job_pk, watch.attempt, det, ts=now)
@@ -325,6 +377,7 @@ class Watcher:
             started = time.monotonic()
             try:
                 self.cycle()
+                self.store.set_state("heartbeat", {"time": self.clock(), "cycles": self.cycles})
             except RecoveryError as exc:
                 log.warning("watch cycle failed: %s", exc)
             except Exception:  # noqa: BLE001 - the loop must outlive any one bad cycle

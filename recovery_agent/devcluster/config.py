@@ -259,7 +259,13 @@ def agent_toml(spec: ClusterSpec, lay: Layout) -> str:
         else 'gpu_state_file = ""',
         f"expected_gpus = {spec.gpus_per_node}", 'preflight = "report"',
         f'munge_socket = "{lay.munge_socket}"',
+        "[policy]", 'decision_timeout = "60s"', 'retry_backoff = "1s"',
+        # four nodes: two of them may be drained by us at once
+        "max_drains_per_hour = 4", "max_drained_percent = 50.0",
         "[environments.default]", 'mode = "monitor"',
+        # the demo's environment acts; a job can still lower it with :monitor
+        "[environments.demo]", 'mode = "action"', "max_restarts = 3",
+        "[environments.act]", 'mode = "action"', "max_restarts = 3",
     ]) + "\n"
 
 

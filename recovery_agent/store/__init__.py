@@ -5,7 +5,9 @@ time), so a job id reused after a slurmctld reset starts a fresh history.
 """
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -19,7 +21,13 @@ from ..errors import StoreError
 from ..scheduler.base import Job
 from .migrations import MIGRATIONS, applied, migrate
 
-__all__ = ["Store", "MIGRATIONS"]
+__all__ = ["Store", "StoreLock", "MIGRATIONS", "OPEN_STATUSES", "FINAL_STATUSES"]
+
+# The recommendation lifecycle (DESIGN.md): proposed -> executing -> a final status.
+OPEN_STATUSES = ("proposed", "executing")
+FINAL_STATUSES = ("done", "failed", "expired", "would_have", "blocked_by_budget",
+                  "released_by_watchdog", "cancelled")
+_REC_JSON = ("target_nodes", "evidence", "attribution", "pattern_ids", "exclude")
 
 
 def _dumps(value: Any) -> str:
@@ -64,28 +72,53 @@ class Store:
     # -- jobs and attempts -------------------------------------------------
     def record_job(self, job: Job, cluster: str, env: str = "default", mode: str = "monitor",
                    spec: str = "") -> int:
-        """Insert or refresh a job; return its row id. The key includes the
-        submit time, so a reused job id becomes a new row."""
+        """Insert or refresh a job; return its row id. A job id reused after a
+        slurmctld reset becomes a new row (see :meth:`match_job`)."""
         now = time.time()
-        key = {"cluster": cluster, "job_id": job.job_id, "submit_time": job.submit_time or 0}
         values = {"numeric_id": job.numeric_id, "array_job_id": job.array_job_id,
                   "array_task_id": job.array_task_id, "name": job.name, "user": job.user,
                   "env": env, "mode": mode, "spec": spec, "state": job.state,
                   "restart_count": job.restart_count, "last_seen": now}
         try:
             with self.db.atomic():
-                row = self._job_row(**key)
-                if row is None and key["submit_time"]:
-                    # stored before its submit time was known: this is that job
-                    row = self._job_row(cluster, job.job_id, 0)
-                    if row is not None:
-                        values["submit_time"] = key["submit_time"]
+                row = self.match_job(cluster, job)
                 if row is None:
+                    key = {"cluster": cluster, "job_id": job.job_id,
+                           "submit_time": job.submit_time or 0}
                     return self.db["jobs"].insert({**key, **values, "first_seen": now}).last_pk
+                if not row["submit_time"] and job.submit_time:
+                    # stored before its submit time was known: this is that job
+                    values["submit_time"] = job.submit_time
                 self.db["jobs"].update(row["id"], values)
                 return row["id"]
         except sqlite3.Error as exc:
             raise StoreError(f"cannot record job {job.job_id}: {exc}") from None
+
+    def match_job(self, cluster: str, job: Job) -> dict | None:
+        """The stored row of this job, if any.
+
+        The key is (cluster, job id, submit time of the first attempt seen).
+        Slurm gives a requeued job a new submit time, so a listing with a later
+        submit time is still the same job when its restart count went up (and
+        its user and name, where known, agree); a reused id starts again at
+        restart count 0 and so never matches an old job."""
+        submit = job.submit_time or 0
+        row = self._job_row(cluster, job.job_id, submit)
+        if row is not None or not submit:
+            return row
+        rows = list(self.db["jobs"].rows_where("cluster = ? and job_id = ?",
+                                               [cluster, job.job_id], order_by="id desc",
+                                               limit=1))
+        if not rows:
+            return None
+        last = rows[0]
+        if not last["submit_time"]:
+            return last
+        same = (job.restart_count > 0 and last["submit_time"] <= submit
+                and (last["restart_count"] or 0) <= job.restart_count
+                and (not job.user or not last["user"] or job.user == last["user"])
+                and (not job.name or not last["name"] or job.name == last["name"]))
+        return last if same else None
 
     def _job_row(self, cluster: str, job_id: str, submit_time: int) -> dict | None:
         rows = list(self.db["jobs"].rows_where(
@@ -178,6 +211,95 @@ class Store:
             row["evidence"] = json.loads(row["evidence"] or "{}")
         return rows
 
+    # -- recommendations (the audit unit) -----------------------------------
+    def add_recommendation(self, values: Mapping[str, Any]) -> int:
+        """Insert one recommendation; JSON-able fields are encoded. The caller
+        holds the lock and, usually, a transaction with the verdict."""
+        now = time.time()
+        row = {"created": now, "updated": now, "tries": 0, "scope": "job", **values}
+        for key in _REC_JSON:
+            if key in row and not isinstance(row[key], str):
+                row[key] = _dumps(row[key])
+        return self.db["recommendations"].insert(row).last_pk
+
+    def _decode_rec(self, row: dict) -> dict:
+        for key in _REC_JSON:
+            row[key] = json.loads(row[key]) if row.get(key) else ([] if key != "attribution"
+                                                                  and key != "evidence"
+                                                                  else {})
+        return row
+
+    def rec(self, pk: int) -> dict:
+        try:
+            return self._decode_rec(self.db["recommendations"].get(pk))
+        except NotFoundError:
+            raise StoreError(f"no recommendation {pk}") from None
+
+    def recommendations(self, status: str | Iterable[str] | None = None,
+                        job_pk: int | None = None) -> list[dict]:
+        where, args = [], []
+        if status is not None:
+            wanted = [status] if isinstance(status, str) else list(status)
+            where.append(f"status in ({', '.join('?' * len(wanted))})")
+            args += wanted
+        if job_pk is not None:
+            where.append("job = ?")
+            args.append(job_pk)
+        rows = self.db["recommendations"].rows_where(" and ".join(where) or None, args,
+                                                      order_by="id")
+        return [self._decode_rec(r) for r in rows]
+
+    def job_rec(self, job_pk: int, attempt: int) -> dict | None:
+        rows = list(self.db["recommendations"].rows_where(
+            "job = ? and attempt = ? and scope = 'job'", [job_pk, attempt], limit=1))
+        return self._decode_rec(rows[0]) if rows else None
+
+    def update_rec(self, pk: int, **values: Any) -> None:
+        for key in _REC_JSON:
+            if key in values and not isinstance(values[key], str):
+                values[key] = _dumps(values[key])
+        values["updated"] = time.time()
+        self.db["recommendations"].update(pk, values)
+
+    def add_step(self, rec: int, step: str, state: str, detail: str = "") -> None:
+        """Record one execution step as it happens (before and after each Slurm call)."""
+        with self.lock, self.db.atomic():
+            self.db["rec_steps"].insert({"rec": rec, "step": step, "state": state,
+                                         "ts": time.time(), "detail": detail[:2000]})
+
+    def steps(self, rec: int) -> list[dict]:
+        return list(self.db["rec_steps"].rows_where("rec = ?", [rec], order_by="id"))
+
+    # -- nodes: strikes, our drains --------------------------------------
+    def add_strike(self, node: str, category: str, weight: float, job_pk: int | None = None,
+                   user: str = "", rec: int | None = None, ts: float | None = None) -> None:
+        self.db["strikes"].insert({"node": node, "ts": ts or time.time(), "job": job_pk,
+                                   "user": user, "category": category, "weight": weight,
+                                   "rec": rec})
+
+    def strikes(self, node: str | None = None, since: float = 0.0) -> list[dict]:
+        if node is None:
+            return list(self.db["strikes"].rows_where("ts >= ?", [since], order_by="ts"))
+        return list(self.db["strikes"].rows_where("node = ? and ts >= ?", [node, since],
+                                                  order_by="ts"))
+
+    def node(self, name: str) -> dict | None:
+        rows = list(self.db["nodes"].rows_where("name = ?", [name], limit=1))
+        return rows[0] if rows else None
+
+    def set_node(self, name: str, **values: Any) -> None:
+        self.db["nodes"].upsert({"name": name, **values, "updated": time.time()}, pk="name")
+
+    # -- the agent's own small state ------------------------------------
+    def set_state(self, key: str, value: Any) -> None:
+        with self.lock, self.db.atomic():
+            self.db["agent_state"].upsert({"key": key, "value": _dumps(value),
+                                           "updated": time.time()}, pk="key")
+
+    def get_state(self, key: str, default: Any = None) -> Any:
+        rows = list(self.db["agent_state"].rows_where("key = ?", [key], limit=1))
+        return json.loads(rows[0]["value"]) if rows else default
+
     # -- log cursors -------------------------------------------------------
     def log_cursors(self) -> dict[str, tuple[int, int, int]]:
         """Where the log tailer stopped: {path: (inode, offset, lineno)}."""
@@ -205,3 +327,45 @@ class Store:
                                          [(path,) for path in paths])
         except sqlite3.Error as exc:
             raise StoreError(f"cannot forget log cursors: {exc}") from None
+
+
+class StoreLock:
+    """An exclusive lock beside the store file (``<store>.lock``): one agent
+    per store. The kernel drops it when the holder dies, even by SIGKILL."""
+
+    def __init__(self, store_path: str | Path) -> None:
+        self.path = Path(f"{store_path}.lock")
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise StoreError naming the holder's pid."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StoreError(f"another recovery-agent (pid {holder}) already uses the store "
+                             f"{str(self.path)[:-5]}; stop it first") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+
+    def held_elsewhere(self) -> bool:
+        """True when some live process holds the lock (this one does not take it)."""
+        if not self.path.exists():
+            return False
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

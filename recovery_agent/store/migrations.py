@@ -103,11 +103,41 @@ def m004_attempt_checkpoints(db: Database) -> None:
     db["attempts"].add_column("ckpt_time", float)
 
 
+def m005_decide_and_act(db: Database) -> None:
+    """The write-ahead audit: the columns a recommendation carries through its
+    lifecycle, one row per execution step, node strikes for the lemon score,
+    and a small key/value table for the agent's heartbeat."""
+    for name, kind in [("job_id", str), ("cluster", str), ("env", str), ("scope", str),
+                       ("rule", str), ("reason", str), ("trigger", str),
+                       ("attribution", str), ("pattern_ids", str), ("exclude", str),
+                       ("restart_at", int), ("submit_time", int), ("parent", int),
+                       ("tries", int), ("next_try", float), ("held_at", float),
+                       ("failure_at", float), ("detected_at", float), ("done_at", float),
+                       ("running_again_at", float), ("workload", str), ("user", str),
+                       ("claimed_by", str), ("claim_expires", float)]:
+        db["recommendations"].add_column(name, kind)
+    # one job-level decision per attempt: a restarted agent cannot decide twice
+    db.execute("create unique index recommendations_one_per_attempt on "
+               "recommendations (job, attempt) where scope = 'job'")
+    db["rec_steps"].create({
+        "id": int, "rec": int, "step": str, "state": str, "ts": float, "detail": str,
+    }, pk="id", foreign_keys=[("rec", "recommendations", "id")],
+        not_null={"rec", "step", "state", "ts"})
+    db["rec_steps"].create_index(["rec"])
+    db["strikes"].create({
+        "id": int, "node": str, "ts": float, "job": int, "user": str, "category": str,
+        "weight": float, "rec": int,
+    }, pk="id", not_null={"node", "ts", "category", "weight"})
+    db["strikes"].create_index(["node", "ts"])
+    db["agent_state"].create({"key": str, "value": str, "updated": float}, pk="key")
+
+
 MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("001_initial", m001_initial),
     ("002_node_reports", m002_node_reports),
     ("003_log_cursors", m003_log_cursors),
     ("004_attempt_checkpoints", m004_attempt_checkpoints),
+    ("005_decide_and_act", m005_decide_and_act),
 ]
 
 

@@ -1,0 +1,268 @@
+"""From a verdict to stored recommendations: the glue between the watch loop,
+the policy and the actuator.
+
+Everything a decision rests on is gathered here (the job's history and
+limits, node strikes, the drain budget), :func:`~recovery_agent.policy.decide`
+is called, and the outcome is written in one transaction with the verdict:
+the write-ahead audit row exists before any Slurm call, and an agent that dies
+mid-way leaves either both or neither.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from slurm_hooks import spec as specs
+
+from .config import Config
+from .detect.model import Detection, Verdict
+from .errors import SchedulerError
+from .policy import (STRIKE_WEIGHTS, BudgetState, Decision, History, Limits, NodeFacts,
+                     decide, drain_budget, effective_mode, lemon_score)
+from .scheduler.base import Job, Scheduler
+from .store import Store
+
+log = logging.getLogger(__name__)
+NODE_ACTIONS = ("drain_node", "resume_node")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    decision: Decision
+    mode: str
+    recs: tuple[int, ...]
+
+
+class Decider:
+    def __init__(self, cfg: Config, store: Store, scheduler: Scheduler | None = None,
+                 clock=time.time) -> None:
+        self.cfg, self.store, self.scheduler, self.clock = cfg, store, scheduler, clock
+        self.on_new_work: list = []   # callables: wake the actuator
+
+    # -- the job's limits and history -------------------------------------
+    def limits(self, spec: specs.RecoverySpec) -> Limits:
+        env = self.cfg.environment(spec.env)
+        return Limits(max_restarts=spec.max_restarts if spec.max_restarts is not None
+                      else env.max_restarts,
+                      unknown_max_restarts=env.unknown_max_restarts,
+                      no_progress_attempts=env.no_progress_attempts,
+                      straggler_action=env.straggler_action,
+                      drain_hardware=env.drain_hardware,
+                      interconnect_strikes=env.interconnect_strikes)
+
+    def mode(self, spec: specs.RecoverySpec) -> str:
+        return effective_mode(self.cfg.environment(spec.env).mode, spec.mode)
+
+    def history(self, job_pk: int, attempt: int, spec: specs.RecoverySpec,
+                job: Job | None, nodes: tuple[str, ...]) -> History:
+        attempts = [a for a in self.store.attempts(job_pk) if a["attempt"] <= attempt]
+        without = 0
+        for row in sorted(attempts, key=lambda a: a["attempt"], reverse=True):
+            if row["ckpt_path"]:
+                break
+            without += 1
+        tracks = bool(spec.ckpt) or any(a["ckpt_path"] for a in attempts)
+        earlier = [r for r in self.store.recommendations(job_pk=job_pk)
+                   if r["scope"] == "job" and r["attempt"] < attempt]
+        unknown = sum(1 for r in earlier if r["rule"] == "unknown"
+                      and r["status"] in ("done", "executing", "proposed"))
+        excluded: list[str] = []
+        for r in earlier:
+            if r["status"] == "done":
+                excluded += [n for n in r["exclude"] if n not in excluded]
+        if job is not None:
+            excluded += [n for n in job.excluded_nodes if n not in excluded]
+        return History(restarts=attempt, unknown_requeues=unknown,
+                       attempts_without_ckpt=without, tracks_checkpoints=tracks,
+                       excluded=tuple(excluded), nodes_needed=max(1, len(nodes)))
+
+    def node_facts(self, blamed: tuple[str, ...], now: float) -> NodeFacts:
+        pol = self.cfg.policy
+        horizon = now - 10 * pol.lemon_half_life
+        by_node: dict[str, list[tuple[float, float]]] = {}
+        for s in self.store.strikes(since=horizon):
+            by_node.setdefault(s["node"], []).append((s["ts"], s["weight"]))
+        lemons = tuple(sorted(
+            n for n, strikes in by_node.items()
+            if pol.lemon_threshold and lemon_score(strikes, now, pol.lemon_half_life)
+            >= pol.lemon_threshold))
+        window = now - pol.strike_window
+        ic = {n: sum(1 for s in self.store.strikes(n, since=window)
+                     if s["category"] == "interconnect") for n in blamed}
+        rows = list(self.store.db["nodes"].rows_where(
+            "drained_by_us = 1 or excluded_by_operator = 1"))
+        return NodeFacts(lemons=lemons,
+                         drained_by_us=tuple(r["name"] for r in rows if r["drained_by_us"]),
+                         operator_excluded=tuple(r["name"] for r in rows
+                                                 if r["excluded_by_operator"]),
+                         interconnect_strikes=ic, cluster_nodes=self._cluster_size())
+
+    def _cluster_size(self) -> int | None:
+        cached = getattr(self, "_size", None)
+        if cached and self.clock() - cached[1] < 60:
+            return cached[0]
+        if self.scheduler is None:
+            return None
+        try:
+            size = len(self.scheduler.list_nodes())
+        except SchedulerError as exc:
+            log.warning("cannot list nodes for the exclusion check: %s", exc)
+            return None
+        self._size = (size, self.clock())
+        return size
+
+    # -- deciding ------------------------------------------------------------
+    def decide_attempt(self, job_pk: int, attempt: int, spec: specs.RecoverySpec,
+                       verdict: Verdict, *, trigger: str, job: Job | None,
+                       nodes: tuple[str, ...], detections: list[Detection],
+                       seen_at: list[float | None] | None = None,
+                       started: float | None = None, verdict_event: dict | None = None
+                       ) -> Outcome | None:
+        """Decide about one attempt and store the outcome (with ``verdict_event``,
+        when given, in the same transaction). None when the attempt already
+        has a decision."""
+        now = self.clock()
+        state = job.state if job is not None else "UNKNOWN"
+        with self.store.lock:
+            if self.store.job_rec(job_pk, attempt) is not None:
+                if verdict_event:
+                    self.store.add_event(job_pk, **verdict_event)
+                return None
+            row = self.store.job(job_pk)
+            history = self.history(job_pk, attempt, spec, job, nodes)
+            facts = self.node_facts(tuple(verdict.nodes), now)
+            decision = decide(verdict, trigger=trigger, state=state, history=history,
+                              limits=self.limits(spec), facts=facts)
+            mode = self.mode(spec)
+            with self.store.db.atomic():
+                if verdict_event:
+                    self.store.add_event(job_pk, **verdict_event)
+                recs = self._store(row, attempt, decision, mode, verdict, trigger, job,
+                                   detections, seen_at or [], started, now)
+        if recs and mode != "monitor":
+            for wake in self.on_new_work:
+                wake()
+        if decision.acts:
+            log.info("job=%s attempt=%s decision=%s rule=%s mode=%s exclude=%s drain=%s",
+                     row["job_id"], attempt, decision.action, decision.rule, mode,
+                     ",".join(decision.exclude), ",".join(decision.drain))
+        return Outcome(decision, mode, tuple(recs))
+
+    def _store(self, row: dict, attempt: int, decision: Decision, mode: str,
+               verdict: Verdict, trigger: str, job: Job | None,
+               detections: list[Detection], seen_at: list[float | None],
+               started: float | None, now: float) -> list[int]:
+        job_pk = row["id"]
+        user = row["user"] or ""
+        for node in decision.blamed:
+            kind = "straggler" if trigger == "straggler" else (verdict.category or "")
+            weight = STRIKE_WEIGHTS.get(kind, 0.5)
+            self.store.add_strike(node, kind or "unknown", weight, job_pk, user, ts=now)
+        if decision.rule == "hang":
+            for node in (job.nodes if job else ()):
+                self.store.add_strike(node, "hang_suspect", STRIKE_WEIGHTS["hang_suspect"],
+                                      job_pk, user, ts=now)
+        if not decision.acts:
+            return []
+        status = "would_have" if mode == "monitor" else "proposed"
+        used = [detections[i] for i in verdict.rests_on if i < len(detections)]
+        seen = [seen_at[i] for i in verdict.rests_on if i < len(seen_at) and seen_at[i]]
+        evidence = [{"pattern": d.rule, "category": d.category, "node": d.host,
+                     "gpu": d.gpu, "xid": d.xid,
+                     "lines": [{"text": e.text, "source": e.source, "line": e.line,
+                                "time": e.time} for e in d.evidence[:3]]} for d in used]
+        failure_at = self._failure_time(used, seen, job, started, now)
+        common = {"job": job_pk, "attempt": attempt, "job_id": row["job_id"],
+                  "cluster": row["cluster"], "env": row["env"], "mode": mode,
+                  "trigger": trigger, "attribution": {
+                      "blame": verdict.blame, "category": verdict.category,
+                      "confidence": verdict.confidence, "nodes": list(verdict.nodes),
+                      "gpus": list(verdict.gpus), "reason": verdict.reason},
+                  "pattern_ids": sorted({d.rule for d in used}), "evidence": evidence,
+                  "restart_at": attempt, "submit_time": row["submit_time"],
+                  "failure_at": failure_at, "detected_at": now,
+                  "workload": row["name"] or "", "user": user, "actor": "agent"}
+        pk = self.store.add_recommendation({
+            **common, "scope": "job", "action": decision.action, "rule": decision.rule,
+            "reason": decision.reason, "reason_category": decision.category,
+            "target_nodes": list(decision.blamed), "exclude": list(decision.exclude),
+            "status": status})
+        recs = [pk]
+        if decision.dropped:
+            self.store.add_event(job_pk, "policy", "exclusions given up so the job still "
+                                 f"fits: {', '.join(decision.dropped)}", attempt=attempt,
+                                 source="policy")
+        for node in decision.drain:
+            recs.append(self._drain_rec(common, pk, node, decision, status, now))
+        self.store.add_event(job_pk, "recommendation",
+                             f"#{pk} {decision.action} ({decision.rule}) {status}"
+                             + (f"; exclude {','.join(decision.exclude)}"
+                                if decision.exclude else "")
+                             + (f"; drain {','.join(decision.drain)}" if decision.drain
+                                else ""),
+                             attempt=attempt, source="policy",
+                             data={"rec": pk, "action": decision.action, "mode": mode,
+                                   "reason": decision.reason})
+        return recs
+
+    def _drain_rec(self, common: dict, parent: int, node: str, decision: Decision,
+                   status: str, now: float) -> int:
+        blocked = self._over_budget(node, now)
+        category = "lemon" if node not in decision.blamed else (decision.category or "")
+        pk = self.store.add_recommendation({
+            **common, "scope": "node", "parent": parent, "action": "drain_node",
+            "rule": "lemon" if category == "lemon" else decision.rule,
+            "reason": blocked or f"{category} on {node}", "reason_category": category,
+            "target_nodes": [node], "exclude": [],
+            "status": "blocked_by_budget" if blocked else status,
+            "error": blocked or None})
+        if blocked:
+            log.warning("drain of %s blocked: %s", node, blocked)
+            self.store.add_event(common["job"], "blocked_by_budget",
+                                 f"#{pk} drain {node} blocked: {blocked}",
+                                 attempt=common["attempt"], source="policy")
+        return pk
+
+    def _over_budget(self, node: str, now: float) -> str:
+        pol = self.cfg.policy
+        drains = self.store.db["recommendations"].count_where(
+            "action = 'drain_node' and created >= ? and status in "
+            "('proposed', 'executing', 'done', 'would_have')", [now - 3600])
+        sizes: dict[str, int] = {}
+        ours: dict[str, int] = {}
+        partitions: tuple[str, ...] = ()
+        if self.scheduler is not None:
+            try:
+                listed = self.scheduler.list_nodes()
+            except SchedulerError as exc:
+                return f"cannot check the drain budget, Slurm unreachable: {exc}"
+            pending = {r["target_nodes"][0] for r in self.store.recommendations(
+                ("proposed", "executing", "would_have")) if r["action"] == "drain_node"
+                and r["target_nodes"]}
+            drained = {r["name"] for r in self.store.db["nodes"].rows_where(
+                "drained_by_us = 1")} | pending
+            for n in listed:
+                for part in n.partitions:
+                    sizes[part] = sizes.get(part, 0) + 1
+                    if n.name in drained:
+                        ours[part] = ours.get(part, 0) + 1
+                if n.name == node:
+                    partitions = n.partitions
+        return drain_budget(partitions, BudgetState(drains, sizes, ours),
+                            pol.max_drains_per_hour, pol.max_drained_percent)
+
+    @staticmethod
+    def _failure_time(used: list[Detection], seen: list[float], job: Job | None,
+                      started: float | None, now: float) -> float:
+        """When the failure first showed: the earliest of the evidence's own
+        times, the moments the agent saw it, and the job's end (node clocks
+        may be skewed, so the result is kept between the attempt's start and
+        now)."""
+        times = [e.time for d in used for e in d.evidence if e.time] + list(seen)
+        if job is not None and job.end_time:
+            times.append(float(job.end_time))
+        if not times:
+            return now
+        low = started if started else float("-inf")
+        return max(low, min(min(times), now))

@@ -1,0 +1,235 @@
+"""Policy: from a verdict and a job's history to a decision. Pure functions, no I/O.
+
+The default table is DESIGN.md's; every limit comes from the job's environment
+(``[environments.NAME]``) or the cluster-wide ``[policy]`` section:
+
+==========================================  ==========================================
+evidence                                    decision
+==========================================  ==========================================
+the job completed, or a human cancelled it  nothing
+application error (exception, bad config)   ``stop``: retrying cannot help
+retry budget (``max-restarts``) spent       ``stop``
+no new checkpoint over the last K attempts  ``stop``
+GPU hardware on a node                      ``requeue_exclude`` it, and drain it
+interconnect error naming a host            ``requeue_exclude`` it; drain after K strikes
+other failure naming a node                 ``requeue_exclude`` it
+hang / NCCL timeout naming no node          ``kill_requeue`` (``requeue`` once ended)
+straggler                                   ``kill_requeue`` without the slow host, only
+                                            where ``straggler_action`` allows it
+failure with no evidence at all             ``requeue``, up to ``unknown_max_restarts``
+==========================================  ==========================================
+
+Every requeue also excludes what earlier attempts excluded, the lemon nodes and
+the nodes an operator excluded, as long as enough nodes remain to run the job.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+from .detect.model import Verdict
+
+MODE_RANK = {"monitor": 0, "external": 1, "action": 2}
+REQUEUES = ("requeue", "requeue_exclude", "kill_requeue")
+# How much one failure blamed on a node weighs in its lemon score.
+STRIKE_WEIGHTS = {"gpu_hardware": 1.0, "interconnect": 1.0, "system_software": 0.5,
+                  "straggler": 0.5, "hang_suspect": 0.25}
+_NOTHING_STATES = {"COMPLETED": "the job completed",
+                   "CANCELLED": "the job was cancelled by a user or an admin",
+                   "PREEMPTED": "the job was preempted; Slurm's preemption handles it"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The job's effective limits: its environment, with its own directive on top."""
+
+    max_restarts: int = 3
+    unknown_max_restarts: int = 1
+    no_progress_attempts: int = 3
+    straggler_action: str = "none"
+    drain_hardware: bool = True
+    interconnect_strikes: int = 2
+
+
+@dataclass(frozen=True)
+class History:
+    """What happened to the job before this decision."""
+
+    restarts: int = 0                  # Slurm's restart count of the attempt judged
+    unknown_requeues: int = 0          # earlier requeues of unexplained failures
+    attempts_without_ckpt: int = 0     # latest attempts in a row with no new checkpoint
+    tracks_checkpoints: bool = False   # ckpt= given, or checkpoints seen before
+    excluded: tuple[str, ...] = ()     # exclusions already on the job
+    nodes_needed: int = 1              # nodes the job runs on
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the agent knows about nodes across jobs."""
+
+    lemons: tuple[str, ...] = ()                 # score at or over the threshold
+    drained_by_us: tuple[str, ...] = ()
+    operator_excluded: tuple[str, ...] = ()
+    interconnect_strikes: Mapping[str, int] = field(default_factory=dict)  # in the window
+    cluster_nodes: int | None = None             # nodes a retry could use, if known
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do about one attempt. ``action`` is one of DESIGN.md's actions
+    for the job (``none`` means no recommendation); ``drain`` lists nodes that
+    each get a ``drain_node`` recommendation of their own."""
+
+    action: str
+    rule: str
+    reason: str
+    category: str | None = None
+    exclude: tuple[str, ...] = ()
+    drain: tuple[str, ...] = ()
+    blamed: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()      # exclusions given up so the job still fits
+
+    @property
+    def acts(self) -> bool:
+        return self.action != "none"
+
+
+def effective_mode(env_mode: str, job_mode: str | None) -> str:
+    """A job may lower its environment's mode (action > external > monitor), never raise it."""
+    if not job_mode or job_mode not in MODE_RANK:
+        return env_mode
+    return min(env_mode, job_mode, key=MODE_RANK.__getitem__)
+
+
+def decide(verdict: Verdict, *, trigger: str = "ended", state: str = "FAILED",
+           history: History = History(), limits: Limits = Limits(),
+           facts: NodeFacts = NodeFacts()) -> Decision:
+    """The decision for one attempt.
+
+    ``trigger`` is ``ended`` (the attempt is over, in Slurm ``state``), ``hang``
+    or ``straggler`` (the attempt is still running).
+    """
+    category = verdict.category
+    if trigger == "ended" and state in _NOTHING_STATES and verdict.action in ("none", "stop"):
+        return Decision("none", state.lower(), _NOTHING_STATES[state], category)
+    if trigger == "ended" and state == "TIMEOUT" and verdict.action == "none":
+        return Decision("stop", "time_limit", "the job reached its time limit; a retry would "
+                        "end the same way", "timeout")
+    if trigger == "straggler" and limits.straggler_action != "kill_requeue":
+        return Decision("none", "straggler_recorded", "straggler recorded; the environment's "
+                        "straggler_action does not allow a kill", category,
+                        blamed=verdict.nodes)
+    if verdict.blame == "application" or verdict.action == "stop":
+        return Decision("stop", "application", f"application error, retrying cannot help: "
+                        f"{verdict.reason}".rstrip(": "), category)
+
+    unknown = verdict.blame == "unknown" and verdict.action == "none"
+    if history.restarts >= limits.max_restarts:
+        return Decision("stop", "retry_budget", f"retry budget spent: {history.restarts} of "
+                        f"{limits.max_restarts} restarts used", category)
+    if (limits.no_progress_attempts and history.tracks_checkpoints
+            and history.attempts_without_ckpt >= limits.no_progress_attempts):
+        return Decision("stop", "no_progress", f"no new checkpoint over the last "
+                        f"{history.attempts_without_ckpt} attempts", category)
+    if unknown:
+        if trigger != "ended":
+            return Decision("none", "no_evidence", "nothing to act on", category)
+        if history.unknown_requeues >= limits.unknown_max_restarts:
+            return Decision("stop", "unknown_budget", f"failure without evidence, "
+                            f"{history.unknown_requeues} unexplained requeue(s) already "
+                            f"(unknown_max_restarts={limits.unknown_max_restarts})", category)
+        return _requeue("requeue", "unknown", "failure without evidence: requeue once more",
+                        None, (), history, facts, ())
+
+    blamed = tuple(verdict.nodes) if verdict.blame == "node" else ()
+    if trigger == "straggler":
+        return _requeue("kill_requeue", "straggler", f"straggler on {', '.join(blamed)}: "
+                        "kill and requeue without it", category, blamed, history, facts, ())
+    if blamed:
+        drain: tuple[str, ...] = ()
+        rule = "node"
+        if category == "gpu_hardware":
+            rule = "hardware"
+            drain = blamed if limits.drain_hardware else ()
+        elif category == "interconnect":
+            rule = "interconnect"
+            if limits.interconnect_strikes:
+                drain = tuple(n for n in blamed if facts.interconnect_strikes.get(n, 0)
+                              >= limits.interconnect_strikes)
+        action = "requeue_exclude"
+        return _requeue(action, rule, f"{category or 'failure'} on {', '.join(blamed)}: "
+                        f"{verdict.reason}".rstrip(": "), category, blamed, history, facts,
+                        drain)
+    if category == "nccl_timeout_hang" or trigger == "hang" or verdict.action == "kill_requeue":
+        action = "kill_requeue" if trigger != "ended" else "requeue"
+        return _requeue(action, "hang", f"hang or collective timeout naming no node: "
+                        f"{verdict.reason}".rstrip(": "), category, (), history, facts, ())
+    return _requeue("requeue", "requeue", f"{category or 'failure'}: {verdict.reason}"
+                    .rstrip(": "), category, (), history, facts, ())
+
+
+def _requeue(action: str, rule: str, reason: str, category: str | None,
+             blamed: tuple[str, ...], history: History, facts: NodeFacts,
+             drain: tuple[str, ...]) -> Decision:
+    """A requeue decision with the full exclusion list: the blamed nodes first,
+    then earlier exclusions, lemons and operator exclusions, dropping from the
+    end what would leave too few nodes to run the job."""
+    wanted = _unique([*blamed, *history.excluded, *facts.lemons, *facts.operator_excluded])
+    dropped: list[str] = []
+    if facts.cluster_nodes is not None:
+        room = max(facts.cluster_nodes - history.nodes_needed, len(blamed))
+        while len(wanted) > room and len(wanted) > len(blamed):
+            dropped.insert(0, wanted.pop())
+    lemons = tuple(n for n in facts.lemons if n not in facts.drained_by_us)
+    drain = tuple(_unique([*drain, *lemons]))
+    if blamed and action == "requeue":
+        action = "requeue_exclude"
+    return Decision(action, rule, reason, category, tuple(wanted), drain, blamed,
+                    tuple(dropped))
+
+
+def _unique(values: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    for value in values:
+        if value and value not in out:
+            out.append(value)
+    return out
+
+
+# -- node scores and budgets ----------------------------------------------------
+
+def lemon_score(strikes: Iterable[tuple[float, float]], now: float, half_life: float) -> float:
+    """Sum of strike weights, each halved every ``half_life`` seconds since it
+    happened. ``strikes`` are (time, weight); a strike from the future (a
+    skewed clock) counts as now."""
+    total = 0.0
+    for ts, weight in strikes:
+        age = max(0.0, now - ts)
+        total += weight * math.pow(0.5, age / half_life)
+    return round(total, 6)
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    drains_last_hour: int = 0
+    partition_sizes: Mapping[str, int] = field(default_factory=dict)
+    drained_by_us: Mapping[str, int] = field(default_factory=dict)   # per partition
+
+
+def drain_budget(node_partitions: Sequence[str], state: BudgetState, max_per_hour: int,
+                 max_percent: float) -> str:
+    """Why draining one more node (in ``node_partitions``) is over budget, or ``""``."""
+    if state.drains_last_hour >= max_per_hour:
+        return (f"drain budget spent: {state.drains_last_hour} drain(s) in the last hour "
+                f"(policy.max_drains_per_hour={max_per_hour})")
+    for part in node_partitions:
+        size = state.partition_sizes.get(part, 0)
+        if size <= 0:
+            continue
+        after = state.drained_by_us.get(part, 0) + 1
+        if after * 100.0 / size > max_percent + 1e-9:
+            return (f"partition {part}: draining one more would put {after} of {size} nodes "
+                    f"({after * 100.0 / size:.0f}%) in our drains "
+                    f"(policy.max_drained_percent={max_percent:g})")
+    return ""
