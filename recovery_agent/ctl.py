@@ -129,3 +129,162 @@ def _print_report(path: Path, detections: list[Detection], verdict: Verdict) -> 
                f"blame={verdict.blame}{where} confidence={verdict.confidence:.2f}")
     if verdict.reason:
         click.echo(f"           {verdict.reason}")
+
+
+# -- the store: jobs, the audit trail, the watchdog ------------------------------
+
+_config_option = click.option(
+    "-c", "--config", "config_path", type=click.Path(dir_okay=False), default=None,
+    help="Agent config [default: $RECOVERY_CONFIG or /etc/slurm-recovery/recovery.toml].")
+_db_option = click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
+                          help="Read this store file instead of the config's.")
+
+
+def _open(config_path: str | None, db_path: str | None):
+    from .config import load
+    from .store import Store
+    try:
+        cfg = load(config_path)
+        path = Path(db_path) if db_path else cfg.store_path
+        if not path.exists():
+            raise click.ClickException(f"no store at {path} (has the agent run? --db PATH)")
+        return cfg, Store(path)
+    except RecoveryError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _job_row(store, cluster: str, job_id: str) -> dict:
+    row = store.find_job(cluster, job_id)
+    if row is None:
+        raise click.ClickException(f"job {job_id} is not tracked")
+    return row
+
+
+def _when(ts: float | None) -> str:
+    import time as _time
+    return _time.strftime("%H:%M:%S", _time.localtime(ts)) + f".{int(ts % 1 * 1000):03d}" \
+        if ts else "-"
+
+
+@main.group()
+def show() -> None:
+    """Show what the agent tracks (read straight from its store).
+
+    \b
+    Example:
+        recovery-ctl show job 4410
+    """
+
+
+@show.command("job")
+@click.argument("job_id")
+@_config_option
+@_db_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+def show_job(job_id: str, config_path, db_path, as_json: bool) -> None:
+    """A job's attempts and timeline: registration, detections, verdicts,
+    recommendations and what was done.
+
+    \b
+    Example:
+        recovery-ctl show job 4410
+        recovery-ctl show job 1234_7 --json | jq '.timeline[] | .message'
+    """
+    cfg, store = _open(config_path, db_path)
+    row = _job_row(store, cfg.agent.cluster, job_id)
+    attempts = store.attempts(row["id"])
+    timeline = list(store.timeline(row["id"]))
+    if as_json:
+        click.echo(json.dumps({"job": row, "attempts": attempts, "timeline": timeline},
+                              default=str))
+        return
+    click.secho(f"job {row['job_id']} ({row['name'] or '-'}) user={row['user'] or '-'} "
+                f"env={row['env']} state={row['state']} restarts={row['restart_count']}",
+                bold=True)
+    for a in attempts:
+        click.echo(f"  attempt {a['attempt']}: {a['state'] or '-':<10} nodes="
+                   f"{','.join(a['nodes']) or '-'}  checkpoint={a['ckpt_path'] or '-'}")
+    click.echo("  timeline:")
+    for e in timeline:
+        attempt = "" if e["attempt"] is None else f"[{e['attempt']}]"
+        click.echo(f"    {_when(e['ts'])} {attempt:<4} {e['kind']:<16} {e['message']}")
+
+
+@main.command()
+@click.option("--job", "job_id", default=None, help="Only this job's recommendations.")
+@_config_option
+@_db_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per recommendation.")
+def audit(job_id: str | None, config_path, db_path, as_json: bool) -> None:
+    """The audit trail: each recommendation (written before any action), its
+    evidence, and every step taken on Slurm, with timestamps.
+
+    \b
+    Example:
+        recovery-ctl audit --job 4410
+    """
+    cfg, store = _open(config_path, db_path)
+    job_pk = _job_row(store, cfg.agent.cluster, job_id)["id"] if job_id else None
+    for rec in store.recommendations(job_pk=job_pk):
+        steps = store.steps(rec["id"])
+        if as_json:
+            click.echo(json.dumps({**rec, "steps": steps}, default=str))
+            continue
+        click.secho(f"#{rec['id']} job {rec['job_id'] or '-'} attempt {rec['attempt']}: "
+                    f"{rec['action']} {','.join(rec['target_nodes'])} -> {rec['status']} "
+                    f"(mode {rec['mode']}, rule {rec['rule']})", bold=True)
+        click.echo(f"    reason:   {rec['reason']}")
+        if rec["exclude"]:
+            click.echo(f"    exclude:  {','.join(rec['exclude'])}")
+        for ev in rec["evidence"][:3] if isinstance(rec["evidence"], list) else []:
+            for line in ev.get("lines", [])[:1]:
+                click.echo(f"    evidence: [{ev['pattern']}] {line['text'][:110]}")
+        click.echo(f"    proposed {_when(rec['created'])}"
+                   + (f", done {_when(rec['done_at'])}" if rec["done_at"] else "")
+                   + (f", error: {rec['error']}" if rec["error"] else ""))
+        for s in steps:
+            click.echo(f"      {_when(s['ts'])} {s['step']:<14} {s['state']:<8} {s['detail']}")
+
+
+@main.command()
+@_config_option
+@_db_option
+@click.option("--force", is_flag=True, help="Run even while a live agent holds the store.")
+def watchdog(config_path, db_path, force: bool) -> None:
+    """Release jobs held for a recovery decision longer than
+    policy.decision_timeout (fail open). Meant for a systemd timer or cron:
+    it works from the store and Slurm alone, while the agent is down. When a
+    live agent holds the store and its heartbeat is fresh, it does nothing
+    (the agent runs the same watchdog itself).
+
+    \b
+    Example:
+        recovery-ctl watchdog          # from contrib/systemd/slurm-recovery-watchdog.timer
+    """
+    import time as _time
+
+    from .actuator import Actuator
+    from .agent import scheduler_for
+    from .store import StoreLock
+
+    cfg, store = _open(config_path, db_path)
+    beat = (store.get_state("heartbeat") or {}).get("time", 0)
+    age = _time.time() - beat
+    if not force and StoreLock(store.path).held_elsewhere() \
+            and age < cfg.policy.decision_timeout:
+        click.echo(f"watchdog: the agent is running (heartbeat {age:.0f}s ago) and runs the "
+                   "watchdog itself; nothing to do")
+        return
+    sched = scheduler_for(cfg)
+    if sched is None:
+        raise click.ClickException("watchdog: no usable Slurm backend (see the log line above)")
+    try:
+        listing = {j.job_id: j for j in sched.list_jobs()}
+    except RecoveryError as exc:
+        raise click.ClickException(f"watchdog: cannot list jobs: {exc}") from None
+    released = Actuator(cfg, store, sched).watchdog(listing, _time.time())
+    for pk in released:
+        rec = store.rec(pk)
+        click.echo(f"watchdog: released job {rec['job_id']} (recommendation #{pk}, "
+                   f"{rec['status']})")
+    click.echo(f"watchdog: {len(released)} job(s) released")

@@ -180,7 +180,10 @@ class Decider:
                       "confidence": verdict.confidence, "nodes": list(verdict.nodes),
                       "gpus": list(verdict.gpus), "reason": verdict.reason},
                   "pattern_ids": sorted({d.rule for d in used}), "evidence": evidence,
-                  "restart_at": attempt, "submit_time": row["submit_time"],
+                  "restart_at": attempt,
+                  # Slurm renews the submit time at each requeue: keep this attempt's
+                  "submit_time": (job.submit_time if job is not None and job.submit_time
+                                  else row["submit_time"]),
                   "failure_at": failure_at, "detected_at": now,
                   "workload": row["name"] or "", "user": user, "actor": "agent"}
         pk = self.store.add_recommendation({

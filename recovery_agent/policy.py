@@ -35,7 +35,7 @@ REQUEUES = ("requeue", "requeue_exclude", "kill_requeue")
 # How much one failure blamed on a node weighs in its lemon score.
 STRIKE_WEIGHTS = {"gpu_hardware": 1.0, "interconnect": 1.0, "system_software": 0.5,
                   "straggler": 0.5, "hang_suspect": 0.25}
-_NOTHING_STATES = {"COMPLETED": "the job completed",
+_NOTHING_STATES = {"COMPLETED": "the job completed (errors it logged did not stop it)",
                    "CANCELLED": "the job was cancelled by a user or an admin",
                    "PREEMPTED": "the job was preempted; Slurm's preemption handles it"}
 
@@ -111,7 +111,7 @@ def decide(verdict: Verdict, *, trigger: str = "ended", state: str = "FAILED",
     or ``straggler`` (the attempt is still running).
     """
     category = verdict.category
-    if trigger == "ended" and state in _NOTHING_STATES and verdict.action in ("none", "stop"):
+    if trigger == "ended" and state in _NOTHING_STATES:
         return Decision("none", state.lower(), _NOTHING_STATES[state], category)
     if trigger == "ended" and state == "TIMEOUT" and verdict.action == "none":
         return Decision("stop", "time_limit", "the job reached its time limit; a retry would "

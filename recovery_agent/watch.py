@@ -181,6 +181,7 @@ class Watcher:
                 found += self._line(watch, line.path, line.lineno, line.text, now)
             found += watch.streams[path].flush()
         self._store(watch, found, now)
+        self._checkpoint(watch, now)   # a checkpoint line in the attempt's last moments
         self.closing.append((watch, job, now + EPILOG_GRACE))
         self.watches.pop(watch.job_pk, None)
         for path in watch.paths:

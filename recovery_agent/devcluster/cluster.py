@@ -33,6 +33,9 @@ START_TIMEOUT = 60.0
 MIN_FREE_BYTES = 64 * 1024 * 1024
 
 
+DRAIN_FLAGS = frozenset({"DRAIN", "DRAINED", "DRAINING"})
+
+
 class DevClusterError(RecoveryError):
     """The dev cluster could not be started, found or stopped."""
 
@@ -251,6 +254,16 @@ class DevCluster:
                 nodes = {n.name: n for n in sched.list_nodes()}
             except SchedulerError:
                 nodes = {}
+            drained = [n for n in spec.node_names if n in nodes and nodes[n].state == "IDLE"
+                       and nodes[n].drained and nodes[n].flags <= DRAIN_FLAGS]
+            for name in drained:
+                # slurmctld keeps drains across restarts; a fresh dev cluster has none
+                self.progress(f"resuming {name}, drained before the restart "
+                              f"({nodes[name].reason or 'no reason'})")
+                try:
+                    sched.resume_node(name)
+                except SchedulerError as exc:
+                    self.progress(f"cannot resume {name}: {exc}")
             pending = [n for n in spec.node_names
                        if n not in nodes or nodes[n].state != "IDLE" or nodes[n].flags]
             if not pending:

@@ -193,8 +193,11 @@ class Tailer:
         self._close(watch)
         if forget:
             self._store_call("forget", [path])
-        elif watch.ino is not None and watch.saved != self._cursor(watch):
-            self._store_call("save_many", {path: self._cursor(watch)})
+            return
+        if watch.ino is not None:
+            self._cursors[path] = self._cursor(watch)   # a later add resumes here
+            if watch.saved != self._cursor(watch):
+                self._store_call("save_many", {path: self._cursor(watch)})
 
     @property
     def paths(self) -> list[str]:
