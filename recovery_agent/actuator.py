@@ -137,9 +137,19 @@ class Actuator:
 
     def _finish(self, rec: dict, status: str, why: str = "", job: Job | None = None) -> None:
         extra = {}
-        if status in ("expired", "failed") and rec["scope"] == "job":
-            # fail open; a hold we could not lift stays marked for the watchdog
-            if not self._holds(rec, job) or self._let_go(rec, job, f"release_after_{status}"):
+        if status in ("expired", "failed") and rec["scope"] == "job" \
+                and any(s["step"] == "requeue_hold" for s in self.store.steps(rec["id"])):
+            # fail open, judged on the job as it is now (a requeue that timed out
+            # may still have happened); a hold we could not lift, or could not
+            # see, stays marked for the watchdog
+            try:
+                job = self.scheduler.get_job(rec["job_id"])
+            except JobNotFound:
+                job = None
+            except SchedulerError:
+                job = False
+            if job is not False and (not self._holds(rec, job) and not self._ending(rec, job)
+                                     or self._let_go(rec, job, f"release_after_{status}")):
                 extra["held_at"] = None
         now = self.clock()
         with self.store.lock, self.store.db.atomic():
@@ -181,6 +191,12 @@ class Actuator:
             return False
         # held after someone else's requeue: not ours to release
         return any(s["step"] == "requeue_hold" for s in self.store.steps(rec["id"]))
+
+    def _ending(self, rec: dict, job: Job | None) -> bool:
+        """Is our requeue still stopping the job (COMPLETING)? It will be held."""
+        return bool(job is not None and job.state == "COMPLETING"
+                    and job.restart_count == rec["restart_at"] + 1
+                    and any(s["step"] == "requeue_hold" for s in self.store.steps(rec["id"])))
 
     def _let_go(self, rec: dict, job: Job | None, step: str) -> bool:
         """Fail open: release a job our requeue-hold holds, best effort."""
@@ -341,15 +357,15 @@ class Actuator:
             rec = self.store._decode_rec(row)
             job = listing.get(rec["job_id"])
             let_go = self._let_go(rec, job, "watchdog_release")
-            if not let_go and self._holds(rec, job):
-                continue   # the release failed: try again next pass
+            if not let_go and (self._holds(rec, job) or self._ending(rec, job)):
+                continue   # still stopping, or the release failed: next pass
             if rec["status"] in OPEN_STATUSES:
                 self._finish(rec, "released_by_watchdog",
                              f"held {now - rec['held_at']:.0f}s without a completed decision "
                              f"(policy.decision_timeout={limit:g}s); released to normal "
                              "scheduling")
                 released.append(rec["id"])
-            elif let_go or not self._holds(rec, job):
+            else:
                 if let_go:
                     log.warning("watchdog released job %s left held by rec %s (%s)",
                                 rec["job_id"], rec["id"], rec["status"])

@@ -77,7 +77,10 @@ class Decider:
                        attempts_without_ckpt=without, tracks_checkpoints=tracks,
                        excluded=tuple(excluded), nodes_needed=max(1, len(nodes)))
 
-    def node_facts(self, blamed: tuple[str, ...], now: float) -> NodeFacts:
+    def node_facts(self, blamed: tuple[str, ...], now: float,
+                   category: str | None = None) -> NodeFacts:
+        """Node facts for a decision; the failure being decided counts as a
+        strike on its blamed nodes (it is stored with the decision)."""
         pol = self.cfg.policy
         horizon = now - 10 * pol.lemon_half_life
         by_node: dict[str, list[tuple[float, float]]] = {}
@@ -88,8 +91,9 @@ class Decider:
             if pol.lemon_threshold and lemon_score(strikes, now, pol.lemon_half_life)
             >= pol.lemon_threshold))
         window = now - pol.strike_window
-        ic = {n: sum(1 for s in self.store.strikes(n, since=window)
-                     if s["category"] == "interconnect") for n in blamed}
+        this = 1 if category == "interconnect" else 0
+        ic = {n: this + sum(1 for s in self.store.strikes(n, since=window)
+                            if s["category"] == "interconnect") for n in blamed}
         rows = list(self.store.db["nodes"].rows_where(
             "drained_by_us = 1 or excluded_by_operator = 1"))
         return NodeFacts(lemons=lemons,
@@ -131,7 +135,7 @@ class Decider:
                 return None
             row = self.store.job(job_pk)
             history = self.history(job_pk, attempt, spec, job, nodes)
-            facts = self.node_facts(tuple(verdict.nodes), now)
+            facts = self.node_facts(tuple(verdict.nodes), now, verdict.category)
             decision = decide(verdict, trigger=trigger, state=state, history=history,
                               limits=self.limits(spec), facts=facts)
             mode = self.mode(spec)

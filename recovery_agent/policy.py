@@ -125,6 +125,13 @@ def decide(verdict: Verdict, *, trigger: str = "ended", state: str = "FAILED",
                         f"{verdict.reason}".rstrip(": "), category)
 
     unknown = verdict.blame == "unknown" and verdict.action == "none"
+    spent = history.restarts >= limits.max_restarts or (
+        limits.no_progress_attempts and history.tracks_checkpoints
+        and history.attempts_without_ckpt >= limits.no_progress_attempts)
+    if trigger == "straggler" and spent:
+        # a slow job still advances: without retries left, leave it running
+        return Decision("none", "straggler_recorded", "straggler recorded; no retries left "
+                        "to spend on it", category, blamed=verdict.nodes)
     if history.restarts >= limits.max_restarts:
         return Decision("stop", "retry_budget", f"retry budget spent: {history.restarts} of "
                         f"{limits.max_restarts} restarts used", category)

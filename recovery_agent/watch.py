@@ -132,8 +132,9 @@ class Watcher:
                 if watch:
                     self._finish(watch, now, job)
                 elif self._needs_verdict(row["id"], job.restart_count):
-                    # it ran and ended between two polls: judge it on the node reports
-                    self.closing.append((self._new_watch(row, job, now), job, now + EPILOG_GRACE))
+                    # it ran and ended between two polls: read its output this
+                    # cycle, judge it next cycle (with the node reports)
+                    self._start(row, job, now)
                 continue
             if watch is not None and watch.attempt != job.restart_count:
                 self._finish(watch, now, job)  # requeued: that attempt is over

@@ -94,17 +94,22 @@ def submit(devcluster):
 class AgentProcess:
     """recovery-agent started from the dev cluster's own recovery.toml."""
 
-    def __init__(self, cluster) -> None:
+    def __init__(self, cluster, db: Path | None = None, env: dict | None = None) -> None:
         self.cluster = cluster
         self.config = cluster.lay.agent_config
         self.port = int(next(l.split("=")[1] for l in self.config.read_text().splitlines()
                              if l.startswith("port =")))
-        self.db = cluster.lay.root / "agent" / "recovery.db"
+        self.db = db or cluster.lay.root / "agent" / "recovery.db"
         self.log = cluster.lay.logs / "agent.log"
+        self.extra_env = dict(env or {})
         self.proc: subprocess.Popen | None = None
 
+    def environ(self) -> dict:
+        return dict(os.environ, RECOVERY_CONFIG=str(self.config),
+                    RECOVERY_STORE_PATH=str(self.db), **self.extra_env)
+
     def start(self) -> None:
-        env = dict(os.environ, RECOVERY_CONFIG=str(self.config))
+        env = self.environ()
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "recovery_agent"], env=env,
                                          stdout=out, stderr=out, stdin=subprocess.DEVNULL)
@@ -125,6 +130,13 @@ class AgentProcess:
             self.proc.terminate()
             self.proc.wait(timeout=15)
         self.proc = None
+
+    def wait_dead(self, timeout: float) -> int:
+        """Wait for the agent to die on its own (a crash point); its exit code."""
+        assert self.proc is not None
+        code = self.proc.wait(timeout=timeout)
+        self.proc = None
+        return code
 
     def query(self, sql: str, *args) -> list[tuple]:
         with sqlite3.connect(self.db, timeout=10) as conn:

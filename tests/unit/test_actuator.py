@@ -16,8 +16,8 @@ import pytest
 
 from recovery_agent.actuator import CRASH_ENV, Actuator, drain_reason, ours
 from recovery_agent.config import from_mapping
-from recovery_agent.notify import Sent
 from recovery_agent.errors import JobNotFound, NodeNotFound, SchedulerError
+from recovery_agent.notify import Sent
 from recovery_agent.scheduler.base import Job, Node
 from recovery_agent.store import FINAL_STATUSES, OPEN_STATUSES, Store
 
@@ -38,7 +38,7 @@ class Killed(BaseException):
 class FakeSlurm:
     """One job and a few nodes, with Slurm's requeue semantics: ``requeue_hold``
     bumps the restart count, gives the job a new submit time and leaves it
-    PENDING and held (after one listing in COMPLETING when ``completing``)."""
+    PENDING and held (listed COMPLETING for the first ``completing`` listings)."""
 
     name = "fake"
 
@@ -65,6 +65,8 @@ class FakeSlurm:
         self.fail_only: set[str] | None = None
         self.crash_before: str | None = None   # raise Killed before the call happens
         self.crash_after: str | None = None    # raise Killed after it took effect
+        self.get_job_fails = 0                 # get_job raises SchedulerError this often
+        self.report_requeue_flag = True        # False: listings always say no-requeue
 
     # -- reads
     def as_job(self) -> Job:
@@ -76,7 +78,8 @@ class FakeSlurm:
         return Job(job_id=JOB_ID, numeric_id=int(JOB_ID), name="train", user="alice",
                    state=state, restart_count=j["restart_count"],
                    submit_time=j["submit_time"], nodes=j["nodes"], batch_host=j["nodes"][0],
-                   excluded_nodes=j["excluded"], requeue_allowed=j["requeue_allowed"],
+                   excluded_nodes=j["excluded"],
+                   requeue_allowed=j["requeue_allowed"] and self.report_requeue_flag,
                    held=j["held"])
 
     def list_jobs(self, job_ids=None) -> list[Job]:
@@ -92,6 +95,9 @@ class FakeSlurm:
         return [job]
 
     def get_job(self, job_id: str) -> Job:
+        if self.get_job_fails:
+            self.get_job_fails -= 1
+            raise SchedulerError("scontrol show job timed out", ["scontrol", "show", "job"])
         if self.job is None or job_id != JOB_ID:
             raise JobNotFound(f"job {job_id} not found")
         return self.as_job()
@@ -339,6 +345,21 @@ def test_exclusion_already_in_place_is_not_set_again(store, clock):
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     assert store.rec(rec_id)["status"] == "done"
     assert slurm.calls == Counter(requeue_hold=1, start_now=1, release=1)
+
+
+def test_an_ending_attempt_is_waited_for(store, clock):
+    """Decided on an ended attempt that slurmctld still lists as COMPLETING."""
+    slurm = FakeSlurm(state="FAILED")
+    rec_id = add_job_rec(store, slurm)
+    slurm.completing_left = 2
+    act = make_actuator(store, slurm, clock)
+    for _ in range(2):
+        act.run_once()
+        clock[0] += 1
+    rec = store.rec(rec_id)
+    assert not slurm.calls and rec["status"] == "executing" and rec["held_at"] is None
+    drive(act, store, rec_id, clock)
+    assert store.rec(rec_id)["status"] == "done" and slurm.calls["requeue_hold"] == 1
 
 
 def test_plain_requeue_without_exclusions(store, clock):
@@ -606,6 +627,37 @@ def test_timed_out_requeue_that_took_effect_is_not_repeated(store, clock):
     assert slurm.job["held"] is False and slurm.job["excluded"] == ("gpu2",)
 
 
+def test_a_retry_due_past_the_decision_timeout_fails_open(store, clock):
+    """The agent stalled: the next try comes after the deadline, so no more retries."""
+    slurm = FakeSlurm(state="FAILED")
+    rec_id = add_job_rec(store, slurm)
+    act = make_actuator(store, slurm, clock, decision_timeout=60, action_retries=20,
+                        retry_backoff=1)
+    t0 = clock[0]
+    act.run_once()                                   # held
+    slurm.fail_next, slurm.fail_only = 1000, {"set_excluded_nodes"}
+    clock[0] = t0 + 1
+    act.run_once()                                   # try 1 fails, retry at t0 + 2
+    assert store.rec(rec_id)["tries"] == 1
+    clock[0] = t0 + 100
+    act.run_once()
+    rec = store.rec(rec_id)
+    assert rec["status"] == "failed" and "after 2 tries" in rec["error"]
+    assert slurm.calls["set_excluded_nodes"] == 2
+    assert slurm.job["held"] is False and rec["held_at"] is None
+
+
+def test_allow_requeue_is_done_once_even_if_listings_lag(store, clock):
+    """Listings that keep saying no-requeue: one allow_requeue, then retries only requeue."""
+    slurm = FakeSlurm(state="FAILED", requeue_allowed=False)
+    slurm.report_requeue_flag = False
+    rec_id = add_job_rec(store, slurm)
+    slurm.fail_next, slurm.fail_only = 1, {"requeue_hold"}
+    drive(make_actuator(store, slurm, clock, retry_backoff=1), store, rec_id, clock)
+    assert store.rec(rec_id)["status"] == "done"
+    assert slurm.calls["allow_requeue"] == 1 and slurm.calls["requeue_hold"] == 2
+
+
 def test_failing_exclusion_fails_open_and_releases_our_hold(store, clock):
     slurm = FakeSlurm(state="FAILED")
     rec_id = add_job_rec(store, slurm)
@@ -653,23 +705,60 @@ def test_a_hold_that_could_not_be_lifted_is_left_for_the_watchdog(store, clock):
     assert ("watchdog_release", "ok") in steps(store, rec_id)
 
 
-@pytest.mark.xfail(strict=True, reason="actuator: on the last try a requeue_hold that timed "
-                   "out but took effect is judged on the pre-call listing, so the job it "
-                   "held is neither released nor left marked (held_at cleared) for the "
-                   "watchdog: stranded held forever")
 def test_last_try_requeue_that_took_effect_does_not_strand_the_job(store, clock):
+    """Regression: the fail-open release used to be judged on the listing taken
+    before the call, so a held job was neither released nor left marked for the
+    watchdog (held_at cleared): held forever."""
     slurm = FakeSlurm(state="FAILED")
     rec_id = add_job_rec(store, slurm)
     act = make_actuator(store, slurm, clock, action_retries=1, decision_timeout=60)
     slurm.fail_next, slurm.fail_mode = 1, "late"     # timed out, but slurmctld requeued it
     act.run_once()
     rec = store.rec(rec_id)
-    assert rec["status"] == "failed"
-    assert slurm.job["restart_count"] == 1 and slurm.job["held"] is True
+    assert rec["status"] == "failed" and "after 1 tries" in rec["error"]
+    assert slurm.job["restart_count"] == 1 and slurm.calls["requeue_hold"] == 1
     for _ in range(5):                               # well past the decision timeout
         clock[0] += 60
         act.run_once()
     assert slurm.job["held"] is False
+
+
+def test_fail_open_when_the_job_cannot_be_read_leaves_it_to_the_watchdog(store, clock):
+    slurm = FakeSlurm(state="FAILED")
+    rec_id = add_job_rec(store, slurm)
+    act = make_actuator(store, slurm, clock, decision_timeout=60, action_retries=1)
+    t0 = clock[0]
+    act.run_once()                                   # held
+    slurm.fail_next, slurm.fail_only = 1, {"set_excluded_nodes"}
+    slurm.get_job_fails = 1                          # the fail-open re-read times out
+    clock[0] = t0 + 1
+    act.run_once()
+    rec = store.rec(rec_id)
+    assert rec["status"] == "failed" and rec["held_at"] == t0   # still marked
+    assert slurm.job["held"] is True and slurm.calls["release"] == 0
+    clock[0] = t0 + 60
+    act.run_once()                                   # the watchdog lets it go
+    rec = store.rec(rec_id)
+    assert slurm.job["held"] is False and rec["held_at"] is None
+    assert rec["status"] == "failed"
+
+
+def test_last_try_requeue_still_completing_is_released_once_held(store, clock):
+    slurm = FakeSlurm(state="RUNNING", completing=3)
+    rec_id = add_job_rec(store, slurm, action="kill_requeue", trigger="hang")
+    act = make_actuator(store, slurm, clock, decision_timeout=60, action_retries=1)
+    t0 = clock[0]
+    slurm.fail_next, slurm.fail_mode = 1, "late"
+    act.run_once()
+    rec = store.rec(rec_id)
+    assert rec["status"] == "failed" and rec["held_at"] == t0
+    for _ in range(70):
+        clock[0] += 1
+        act.run_once()
+    assert slurm.as_job().state == "PENDING" and slurm.job["held"] is False
+    assert store.rec(rec_id)["held_at"] is None
+    assert slurm.calls["requeue_hold"] == 1
+
 
 
 # -- 5. slurmctld down ------------------------------------------------------------------
@@ -708,6 +797,22 @@ def test_slurmctld_down_while_held_waits_then_completes(store, clock):
     assert store.rec(rec_id)["status"] == "done"
     assert slurm.calls == Counter(requeue_hold=1, set_excluded_nodes=1, start_now=1,
                                   release=1)
+
+
+def test_slurmctld_outage_is_logged_once(store, clock, caplog):
+    slurm = FakeSlurm(state="FAILED")
+    rec_id = add_job_rec(store, slurm)
+    act = make_actuator(store, slurm, clock)
+    slurm.down = True
+    with caplog.at_level("INFO", logger="recovery_agent.actuator"):
+        for _ in range(4):
+            act.run_once()
+            clock[0] += 1
+        slurm.down = False
+        drive(act, store, rec_id, clock)
+    texts = [r.getMessage() for r in caplog.records]
+    assert sum("unreachable" in t for t in texts) == 1
+    assert sum("reachable again" in t for t in texts) == 1
 
 
 def test_read_failure_inside_a_node_step_only_waits(store, clock):
@@ -753,11 +858,10 @@ def test_watchdog_releases_a_job_held_past_the_decision_timeout(store, clock):
     assert "rec_released_by_watchdog" in [e["kind"] for e in store.timeline(rec["job"])]
 
 
-@pytest.mark.xfail(strict=True, reason="watchdog: a job of ours still COMPLETING at the "
-                   "decision timeout is not released (_holds needs PENDING) yet the rec ends "
-                   "released_by_watchdog; once the kill completes the job sits PENDING+held "
-                   "and nothing ever releases it")
 def test_watchdog_does_not_strand_a_job_stuck_completing(store, clock):
+    """Regression: the watchdog used to end the rec released_by_watchdog while our
+    requeued job was still COMPLETING (_holds needs PENDING), releasing nothing;
+    once the kill completed the job sat PENDING and held for good."""
     # kill_requeue of a hung job whose processes take 90 s to die (UnkillableStepTimeout)
     slurm = FakeSlurm(state="RUNNING", completing=90)
     rec_id = add_job_rec(store, slurm, action="kill_requeue", trigger="hang")
@@ -767,7 +871,7 @@ def test_watchdog_does_not_strand_a_job_stuck_completing(store, clock):
         clock[0] += 1
     while slurm.completing_left:        # slurmd finally reaps the attempt
         slurm.list_jobs()
-    assert slurm.as_job().state == "PENDING" and slurm.job["held"] is True
+    assert slurm.as_job().state == "PENDING"
     for _ in range(120):
         act.run_once()
         clock[0] += 1
@@ -775,6 +879,42 @@ def test_watchdog_does_not_strand_a_job_stuck_completing(store, clock):
     rec = store.rec(rec_id)
     assert rec["status"] in FINAL_STATUSES
     assert slurm.job["held"] is False, f"rec {rec['status']}: job left held"
+
+
+def test_watchdog_retries_a_release_that_failed(store, clock):
+    slurm = FakeSlurm(state="FAILED")
+    rec_id = add_job_rec(store, slurm)
+    act = make_actuator(store, slurm, clock, decision_timeout=60, action_retries=20,
+                        retry_backoff=1000)
+    t0 = clock[0]
+    act.run_once()                                   # held
+    slurm.fail_next, slurm.fail_only = 1, {"set_excluded_nodes"}
+    clock[0] = t0 + 1
+    act.run_once()                                   # exclusion fails: a long backoff
+    assert store.rec(rec_id)["next_try"] == t0 + 1 + 1000
+    slurm.fail_next, slurm.fail_only = 1, {"release"}
+    clock[0] = t0 + 60
+    act.run_once()                                   # the watchdog's release fails
+    rec = store.rec(rec_id)
+    assert slurm.calls["release"] == 1 and slurm.job["held"] is True
+    assert rec["status"] in OPEN_STATUSES            # kept for the next pass
+    clock[0] += 1
+    act.run_once()
+    assert store.rec(rec_id)["status"] == "released_by_watchdog"
+    assert slurm.calls["release"] == 2 and slurm.job["held"] is False
+
+
+def test_watchdog_never_releases_a_hold_that_is_not_ours(store, clock):
+    """A rec marked held (the agent died between marking it and the requeue) whose job
+    someone else requeue-held: the watchdog clears the mark and leaves the job."""
+    slurm = FakeSlurm(state="FAILED")
+    rec_id = add_job_rec(store, slurm, status="expired", held_at=clock[0] - 100)
+    slurm.requeue_by_someone_else(held=True)
+    act = make_actuator(store, slurm, clock, decision_timeout=60)
+    act.run_once()
+    assert not slurm.calls and slurm.job["held"] is True
+    rec = store.rec(rec_id)
+    assert rec["status"] == "expired" and rec["held_at"] is None
 
 
 def test_watchdog_runs_on_its_own(store, clock):
@@ -837,6 +977,31 @@ def test_drain_of_an_unknown_node_fails(store, clock):
     rec = store.rec(rec_id)
     assert rec["status"] == "failed" and "no longer exists" in rec["error"]
     assert not slurm.calls
+
+
+def test_node_rec_without_a_node_fails(store, clock):
+    slurm = FakeSlurm()
+    rec_id = add_node_rec(store, "drain_node", target_nodes=[])
+    drive(make_actuator(store, slurm, clock), store, rec_id, clock)
+    rec = store.rec(rec_id)
+    assert rec["status"] == "failed" and rec["error"] == "no node named"
+    assert not slurm.calls
+
+
+def test_node_vanishing_during_the_drain_fails(store, clock):
+    slurm = FakeSlurm()
+    rec_id = add_node_rec(store, "drain_node", node="gpu3")
+    real = slurm.drain_node
+
+    def vanish(name, reason):
+        del slurm.nodes[name]
+        real(name, reason)
+    slurm.drain_node = vanish
+    drive(make_actuator(store, slurm, clock), store, rec_id, clock)
+    rec = store.rec(rec_id)
+    assert rec["status"] == "failed" and "no longer exists" in rec["error"]
+    assert steps(store, rec_id) == [("drain", "started"), ("drain", "failed")]
+    assert not (store.node("gpu3") or {}).get("drained_by_us")
 
 
 def test_drain_failing_is_retried_then_fails(store, clock):
@@ -910,6 +1075,27 @@ def test_clean_reports_lead_to_a_resume(store, clock):
     assert slurm.calls == Counter(drain_node=1, resume_node=1)
 
 
+def test_no_automatic_resume_when_resume_after_is_zero(store, clock):
+    slurm = FakeSlurm()
+    act = make_actuator(store, slurm, clock, resume_after=0)
+    drive(act, store, add_node_rec(store, "drain_node"), clock)
+    store.db["node_reports"].insert({"report_id": "r1", "hook": "health", "node": "gpu3",
+                                     "received": clock[0] + 1, "gpu_ok": 1})
+    clock[0] += 10_000
+    assert act.resume_clean_nodes(clock[0]) == []
+
+
+def test_one_open_resume_per_node(store, clock):
+    slurm = FakeSlurm()
+    act = make_actuator(store, slurm, clock, resume_after=10)
+    drive(act, store, add_node_rec(store, "drain_node"), clock)
+    store.db["node_reports"].insert({"report_id": "r1", "hook": "health", "node": "gpu3",
+                                     "received": clock[0] + 1, "gpu_ok": 1})
+    clock[0] += 100
+    assert len(act.resume_clean_nodes(clock[0])) == 1
+    assert act.resume_clean_nodes(clock[0]) == []    # the first is still open
+
+
 # -- 8. kill_requeue of a hung job, stop, odd actions --------------------------------------
 def test_kill_requeue_of_a_hung_running_job(store, clock):
     slurm = FakeSlurm(state="RUNNING", completing=True)
@@ -939,12 +1125,24 @@ def test_hung_job_stop_cancels_it(store, clock):
     assert slurm.calls == Counter(cancel=1) and slurm.job["state"] == "CANCELLED"
 
 
-def test_stop_of_an_ended_job_makes_no_call(store, clock):
+@pytest.mark.parametrize("completing", [False, True])
+def test_stop_of_an_ended_job_makes_no_call(store, clock, completing):
     slurm = FakeSlurm(state="FAILED")
     rec_id = add_job_rec(store, slurm, action="stop", trigger="ended", exclude=())
+    slurm.completing_left = 100 if completing else 0   # still listed COMPLETING
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     assert store.rec(rec_id)["status"] == "done"
     assert not slurm.calls
+
+
+def test_stop_of_a_hung_job_someone_already_restarted_cancels_nothing(store, clock):
+    slurm = FakeSlurm(state="RUNNING")
+    rec_id = add_job_rec(store, slurm, action="stop", trigger="hang", exclude=())
+    slurm.requeue_by_someone_else()
+    slurm.job["state"] = "RUNNING"
+    drive(make_actuator(store, slurm, clock), store, rec_id, clock)
+    assert store.rec(rec_id)["status"] == "done"
+    assert not slurm.calls and slurm.job["state"] == "RUNNING"
 
 
 @pytest.mark.parametrize("scope,action", [("job", "reboot"), ("node", "reboot_node")])
@@ -958,94 +1156,6 @@ def test_unknown_action_fails(store, clock, scope, action):
     rec = store.rec(rec_id)
     assert rec["status"] == "failed" and "unknown" in rec["error"]
     assert not slurm.calls
-
-
-def test_statuses_reached_are_final(store, clock):
-    assert {"done", "failed", "expired", "released_by_watchdog"} <= set(FINAL_STATUSES)
-
-
-def test_an_ending_attempt_is_waited_for(store, clock):
-    """Decided on an ended attempt that slurmctld still lists as COMPLETING."""
-    slurm = FakeSlurm(state="FAILED")
-    rec_id = add_job_rec(store, slurm)
-    slurm.completing_left = 2
-    act = make_actuator(store, slurm, clock)
-    for _ in range(2):
-        act.run_once()
-        clock[0] += 1
-    rec = store.rec(rec_id)
-    assert not slurm.calls and rec["status"] == "executing" and rec["held_at"] is None
-    drive(act, store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done" and slurm.calls["requeue_hold"] == 1
-
-
-def test_node_rec_without_a_node_fails(store, clock):
-    slurm = FakeSlurm()
-    rec_id = add_node_rec(store, "drain_node", target_nodes=[])
-    drive(make_actuator(store, slurm, clock), store, rec_id, clock)
-    rec = store.rec(rec_id)
-    assert rec["status"] == "failed" and rec["error"] == "no node named"
-    assert not slurm.calls
-
-
-def test_node_vanishing_during_the_drain_fails(store, clock):
-    slurm = FakeSlurm()
-    rec_id = add_node_rec(store, "drain_node", node="gpu3")
-    real = slurm.drain_node
-
-    def vanish(name, reason):
-        del slurm.nodes[name]
-        real(name, reason)
-    slurm.drain_node = vanish
-    drive(make_actuator(store, slurm, clock), store, rec_id, clock)
-    rec = store.rec(rec_id)
-    assert rec["status"] == "failed" and "no longer exists" in rec["error"]
-    assert steps(store, rec_id) == [("drain", "started"), ("drain", "failed")]
-    assert not (store.node("gpu3") or {}).get("drained_by_us")
-
-
-def test_watchdog_retries_a_release_that_failed(store, clock):
-    slurm = FakeSlurm(state="FAILED")
-    rec_id = add_job_rec(store, slurm)
-    act = make_actuator(store, slurm, clock, decision_timeout=60, action_retries=20,
-                        retry_backoff=1000)
-    t0 = clock[0]
-    act.run_once()                                   # held
-    slurm.fail_next, slurm.fail_only = 1, {"set_excluded_nodes"}
-    clock[0] = t0 + 1
-    act.run_once()                                   # exclusion fails: a long backoff
-    assert store.rec(rec_id)["next_try"] == t0 + 1 + 1000
-    slurm.fail_next, slurm.fail_only = 1, {"release"}
-    clock[0] = t0 + 60
-    act.run_once()                                   # the watchdog's release fails
-    rec = store.rec(rec_id)
-    assert slurm.calls["release"] == 1 and slurm.job["held"] is True
-    assert rec["status"] in OPEN_STATUSES            # kept for the next pass
-    clock[0] += 1
-    act.run_once()
-    assert store.rec(rec_id)["status"] == "released_by_watchdog"
-    assert slurm.calls["release"] == 2 and slurm.job["held"] is False
-
-
-def test_no_automatic_resume_when_resume_after_is_zero(store, clock):
-    slurm = FakeSlurm()
-    act = make_actuator(store, slurm, clock, resume_after=0)
-    drive(act, store, add_node_rec(store, "drain_node"), clock)
-    store.db["node_reports"].insert({"report_id": "r1", "hook": "health", "node": "gpu3",
-                                     "received": clock[0] + 1, "gpu_ok": 1})
-    clock[0] += 10_000
-    assert act.resume_clean_nodes(clock[0]) == []
-
-
-def test_one_open_resume_per_node(store, clock):
-    slurm = FakeSlurm()
-    act = make_actuator(store, slurm, clock, resume_after=10)
-    drive(act, store, add_node_rec(store, "drain_node"), clock)
-    store.db["node_reports"].insert({"report_id": "r1", "hook": "health", "node": "gpu3",
-                                     "received": clock[0] + 1, "gpu_ok": 1})
-    clock[0] += 100
-    assert len(act.resume_clean_nodes(clock[0])) == 1
-    assert act.resume_clean_nodes(clock[0]) == []    # the first is still open
 
 
 def test_stop_notifies_once(store, clock, monkeypatch):
@@ -1070,6 +1180,7 @@ def test_stop_with_an_unparsable_spec_does_not_notify(store, clock, monkeypatch)
     assert store.rec(rec_id)["status"] == "done" and steps(store, rec_id) == []
 
 
+# -- the loop ---------------------------------------------------------------------------
 def test_run_forever_outlives_a_bad_pass(store, clock):
     act = make_actuator(store, FakeSlurm(), clock)
     stop = threading.Event()
@@ -1082,8 +1193,7 @@ def test_run_forever_outlives_a_bad_pass(store, clock):
         stop.set()
         return 0
     act.run_once = run_once
-    act.wake.set()                                   # no real waiting
     orig_wait = act.wake.wait
-    act.wake.wait = lambda timeout=None: orig_wait(0)
+    act.wake.wait = lambda timeout=None: orig_wait(0)   # no real waiting
     act.run_forever(stop, interval=0.0)
     assert len(passes) == 2

@@ -33,7 +33,8 @@ HANG = Verdict("unknown", "nccl_timeout_hang", "kill_requeue", 0.5, reason="no p
 # -- policy.decide: the table, row by row ----------------------------------------
 
 @pytest.mark.parametrize("state", ["COMPLETED", "CANCELLED", "PREEMPTED"])
-@pytest.mark.parametrize("verdict", [UNKNOWN, APP], ids=["none", "stop"])
+@pytest.mark.parametrize("verdict", [UNKNOWN, APP, node_verdict("gpu_hardware", "n1"), HANG],
+                         ids=["none", "stop", "node", "hang"])
 def test_completed_cancelled_or_preempted_gets_nothing(state, verdict):
     d = decide(verdict, state=state)
     assert d.action == "none" and d.rule == state.lower()
@@ -130,14 +131,19 @@ def test_straggler_is_only_recorded_unless_the_environment_allows_a_kill():
     assert d.exclude == ("slow1", "old1") and d.blamed == ("slow1",) and d.drain == ()
 
 
-@pytest.mark.xfail(strict=True, reason="policy.decide applies the retry budget to a "
-                   "straggler trigger and returns 'stop', which the actuator executes "
-                   "by cancelling the running (still progressing) job")
-def test_straggler_with_retry_budget_spent_does_not_stop_the_running_job():
+@pytest.mark.parametrize("history", [History(restarts=3),
+                                     History(attempts_without_ckpt=3, tracks_checkpoints=True)],
+                         ids=["retry_budget", "no_progress"])
+def test_straggler_without_retries_left_is_left_running(history):
+    # a "stop" on a running job cancels it: a slow job that still advances
+    # must not be cancelled because no requeue is left for it
     v = Verdict("node", "straggler", "kill_requeue", 0.6, nodes=("slow1",))
-    d = decide(v, trigger="straggler", state="RUNNING", history=History(restarts=3),
+    d = decide(v, trigger="straggler", state="RUNNING", history=history,
                limits=Limits(max_restarts=3, straggler_action="kill_requeue"))
-    assert d.action != "stop"
+    assert d.action == "none" and not d.acts
+    assert d.blamed == ("slow1",) and d.exclude == ()
+    # a hang with nothing left to try is still stopped (its nodes are freed)
+    assert decide(HANG, trigger="hang", state="RUNNING", history=history).action == "stop"
 
 
 def test_unknown_failure_requeues_until_unknown_max_restarts_then_stops():
@@ -288,12 +294,28 @@ class FakeScheduler:
         return list(self.nodes)
 
 
+_TEMPLATE: list[bytes] = []
+
+
+def fresh_store(path) -> Store:
+    """A migrated store at ``path``: the migrations run once per module, then
+    each test starts from a copy of that empty store."""
+    if not _TEMPLATE:
+        template = path.parent / "template.db"
+        Store(template).close()
+        _TEMPLATE.append(template.read_bytes())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(_TEMPLATE[0])
+    return Store(path)
+
+
 def rig(tmp_path, mode: str = "action", count: int = 20, env: dict | None = None,
         scheduler=None, **policy):
     now = time.time()
     cfg = from_mapping({"agent": {"cluster": "c1"}, "policy": policy,
                         "environments": {"prod": {"mode": mode, **(env or {})}}})
-    store = Store(tmp_path / "r.db")
+    store = fresh_store(tmp_path / "r.db")
+    assert store.migrations_run == []
     sched = scheduler or FakeScheduler(count)
     decider = Decider(cfg, store, sched, clock=lambda: now)
     woken: list[int] = []
@@ -526,6 +548,15 @@ def test_unexplained_requeues_of_earlier_attempts_count_against_the_unknown_budg
     out = run(r, pk, second, UNKNOWN)
     assert (out.decision.action, out.decision.rule) == ("stop", "unknown_budget")
 
+    # an unexplained requeue that failed did not happen: it does not count
+    first = slurm_job(job_id="78")
+    pk = register(r, first)
+    out = run(r, pk, first, UNKNOWN)
+    r.store.update_rec(out.recs[0], status="failed")
+    second = slurm_job(job_id="78", restarts=1)
+    r.store.record_attempt(pk, second)
+    assert run(r, pk, second, UNKNOWN).decision.rule == "unknown"
+
 
 def test_exclusions_of_done_recs_and_of_the_job_carry_over(tmp_path):
     r = rig(tmp_path)
@@ -533,11 +564,14 @@ def test_exclusions_of_done_recs_and_of_the_job_carry_over(tmp_path):
     pk = register(r, first)
     out = run(r, pk, first, HW, detections=[XID])
     r.store.update_rec(out.recs[0], status="done")
-    second = slurm_job(restarts=1, excluded_nodes=("n9",))
+    second = slurm_job(restarts=1, excluded_nodes=("n9",), submit_time=2000)
     r.store.record_attempt(pk, second)
     out = run(r, pk, second, UNKNOWN)
     assert out.decision.rule == "unknown"
-    assert r.store.job_rec(pk, 1)["exclude"] == ["n1", "n9"]
+    rec = r.store.job_rec(pk, 1)
+    assert rec["exclude"] == ["n1", "n9"]
+    # Slurm renewed the submit time at the requeue: the rec keeps this attempt's
+    assert rec["submit_time"] == 2000 and r.store.job(pk)["submit_time"] == 1000
 
     # a requeue that never happened (failed) excluded nothing
     first = slurm_job(job_id="78")
@@ -645,28 +679,34 @@ def test_hang_and_straggler_strikes(tmp_path):
 def test_interconnect_strikes_in_the_window_drain(tmp_path):
     r = rig(tmp_path, strike_window="1h")   # interconnect_strikes defaults to 2
     r.store.add_strike("n4", "interconnect", 1.0, ts=r.now - 2 * 3600)   # outside
-    r.store.add_strike("n4", "interconnect", 1.0, ts=r.now - 60)
+    r.store.add_strike("n4", "system_software", 0.5, ts=r.now - 30)    # not interconnect
     ic = Verdict("node", "interconnect", "requeue_exclude", 0.8, nodes=("n4",))
     job = slurm_job(nodes=("n4", "n5"))
     pk = register(r, job)
-    assert run(r, pk, job, ic).decision.drain == ()
-    r.store.add_strike("n4", "system_software", 0.5, ts=r.now - 30)    # not interconnect
+    assert run(r, pk, job, ic).decision.drain == ()   # the first in the window
     job = slurm_job(job_id="78", nodes=("n4", "n5"))
     pk = register(r, job)
-    out = run(r, pk, job, ic)   # now two interconnect strikes in the window
+    out = run(r, pk, job, ic)   # the second in the window
     assert out.decision.drain == ("n4",)
     assert r.store.rec(out.recs[1])["rule"] == "interconnect"
 
 
-@pytest.mark.xfail(strict=True, reason="Decider.node_facts counts interconnect strikes "
-                   "before the failure being decided is stored as a strike, so a node is "
-                   "drained at the (K+1)-th interconnect failure instead of the K-th")
 def test_the_kth_interconnect_failure_on_a_node_drains_it(tmp_path):
-    r = rig(tmp_path)   # interconnect_strikes = 2: drain at the second failure
+    # the failure being decided counts: with interconnect_strikes = K the K-th
+    # failure naming the node drains it, not the (K+1)-th
+    r = rig(tmp_path, env={"interconnect_strikes": 3}, lemon_threshold=0)  # no lemons
     ic = Verdict("node", "interconnect", "requeue_exclude", 0.8, nodes=("n4",))
-    first = slurm_job(nodes=("n4", "n5"))
-    assert run(r, register(r, first), first, ic).decision.drain == ()
-    second = slurm_job(job_id="78", nodes=("n4", "n5"))
-    out = run(r, register(r, second), second, ic)
-    assert len(r.store.strikes("n4")) == 2
-    assert out.decision.drain == ("n4",)
+    drains = []
+    for i in range(3):
+        job = slurm_job(job_id=str(80 + i), nodes=("n4", "n5"))
+        drains.append(run(r, register(r, job), job, ic).decision.drain)
+    assert len(r.store.strikes("n4")) == 3
+    assert drains == [(), (), ("n4",)]
+    # a failure of another category does not count as an interconnect strike
+    hw = Verdict("node", "system_software", "requeue_exclude", 0.8, nodes=("n6",))
+    r.store.add_strike("n6", "interconnect", 1.0, ts=r.now - 60)
+    r.store.add_strike("n6", "interconnect", 1.0, ts=r.now - 50)
+    assert r.decider.node_facts(("n6",), r.now, "system_software") \
+        .interconnect_strikes == {"n6": 2}
+    job = slurm_job(job_id="90", nodes=("n6", "n5"))
+    assert run(r, register(r, job), job, hw).decision.drain == ()

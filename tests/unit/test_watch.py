@@ -85,11 +85,30 @@ def test_job_that_ran_between_polls_is_still_judged(tmp_path):
     watcher.cycle()
     sched.jobs = [job("NODE_FAIL", "", exit_code=None)]
     watcher.cycle()
+    watcher.cycle()
     clock[0] += 20
     watcher.cycle()
     (verdict,) = events(store, "verdict")
     assert verdict["data"]["blame"] == "node"
     assert verdict["data"]["nodes"] == ["node1", "node2"]
+
+
+def test_output_of_a_job_that_ran_between_polls_is_read(tmp_path):
+    out = tmp_path / "quick-77.out"
+    out.write_text("Traceback (most recent call last):\n  File \"t.py\", line 1, in <module>\n"
+                   "KeyError: 'missing'\n")
+    clock = [2000.0]
+    watcher, store, sched = make(tmp_path, clock)
+    sched.jobs = [job("PENDING", str(out))]
+    watcher.cycle()
+    sched.jobs = [job("FAILED", str(out), exit_code=1)]
+    watcher.cycle()          # seen ended: its output is read
+    clock[0] += 2
+    watcher.cycle()          # the attempt closes
+    clock[0] += 20
+    watcher.cycle()          # no epilog reports here: the grace ends
+    (verdict,) = events(store, "verdict")
+    assert verdict["data"]["blame"] == "application"
 
 
 def test_log_lines_inside_node_reports_are_scanned(tmp_path):
