@@ -290,7 +290,7 @@ class Actuator:
             return
         if job.is_pending and "release" in done and "start_now" not in done:
             self._step(rec, "start_now", lambda: self.scheduler.start_now(rec["job_id"]))
-        note = "" if "release" in done else f"released by someone else; now {job.state}"
+        note = "" if "release" in begun else f"released by someone else; now {job.state}"
         self._finish(rec, "done", note)
 
     # -- node actions -------------------------------------------------------------

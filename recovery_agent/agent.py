@@ -30,26 +30,31 @@ def scheduler_for(cfg: Config) -> Scheduler | None:
         return None
 
 
-def start_watch(cfg: Config, store: Store, sched: Scheduler,
-                ingest: Ingest) -> threading.Event:
+def load_scanner(cfg: Config):
+    """The scanner with the shipped and the site's packs (a bad pack is an error now)."""
+    from .detect.patterns import load_rules
+    from .detect.scanner import Scanner
+    site = [cfg.agent.patterns_dir] if cfg.agent.patterns_dir else []
+    return Scanner(load_rules(site))
+
+
+def start_watch(cfg: Config, store: Store, sched: Scheduler, ingest: Ingest,
+                scanner=None, stop: threading.Event | None = None) -> threading.Event:
     """The watch loop and the actuator in background threads; set the returned
     event to stop them."""
     from .actuator import Actuator
     from .decide import Decider
-    from .detect.patterns import load_rules
-    from .detect.scanner import Scanner
     from .logs.tail import SqliteCursorStore, Tailer
     from .watch import Watcher
 
-    site = [cfg.agent.patterns_dir] if cfg.agent.patterns_dir else []
-    scanner = Scanner(load_rules(site))
+    scanner = scanner or load_scanner(cfg)
     actuator = Actuator(cfg, store, sched)
     decider = Decider(cfg, store, sched)
     decider.on_new_work.append(actuator.wake.set)
     watcher = Watcher(cfg, store, sched, scanner, Tailer(SqliteCursorStore(store)),
                       decider=decider)
     ingest.log_listeners.append(watcher.report_lines)
-    stop = threading.Event()
+    stop = stop or threading.Event()
     threading.Thread(target=watcher.run_forever, args=(stop,), name="watch",
                      daemon=True).start()
     threading.Thread(target=actuator.run_forever, args=(stop,), name="actuator",
@@ -57,6 +62,20 @@ def start_watch(cfg: Config, store: Store, sched: Scheduler,
     log.info("watching jobs every %.1fs with %d rules (%s engine)", cfg.agent.poll_interval,
              len(scanner.rules), scanner.engine_name)
     return stop
+
+
+def watch_when_ready(cfg: Config, store: Store, ingest: Ingest, scanner,
+                     stop: threading.Event, retry: float = 5.0) -> None:
+    """Slurm was unreachable at start: keep trying, then start watching (an agent
+    restarted during a slurmctld outage must not stay deaf once it is back)."""
+    def loop() -> None:
+        while not stop.wait(retry):
+            sched = scheduler_for(cfg)
+            if sched is not None:
+                ingest.attach_jobs(JobCache(sched))
+                start_watch(cfg, store, sched, ingest, scanner, stop)
+                return
+    threading.Thread(target=loop, name="wait-for-slurm", daemon=True).start()
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -92,17 +111,21 @@ def main(config_path: str | None, bind: str | None, port: int | None, no_watch: 
     sched = scheduler_for(cfg)
     ingest = Ingest(store, cfg.agent.cluster, JobCache(sched) if sched is not None else None)
     app = create_app(cfg, ingest)
-    stop = None
-    if sched is not None and not no_watch:
+    stop = threading.Event()
+    if not no_watch:
         try:
-            stop = start_watch(cfg, store, sched, ingest)
+            scanner = load_scanner(cfg)
         except RecoveryError as exc:
             raise click.ClickException(str(exc)) from None
+        if sched is not None:
+            start_watch(cfg, store, sched, ingest, scanner, stop)
+        else:
+            log.warning("not watching jobs until Slurm answers (retrying every 5s)")
+            watch_when_ready(cfg, store, ingest, scanner, stop)
     host, listen_port = bind or cfg.api.bind, port or cfg.api.port
     log.info("agent listening on %s:%s, store %s", host, listen_port, cfg.store_path)
     try:
         uvicorn.run(app, host=host, port=listen_port, log_level="warning", access_log=False)
     finally:
-        if stop is not None:
-            stop.set()
+        stop.set()
     sys.exit(0)

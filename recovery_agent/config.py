@@ -160,8 +160,9 @@ class PolicyConfig:
     decision_timeout: float = _doc("A job held for a recovery decision longer than this "
                                    "is released to normal scheduling (the watchdog).",
                                    duration=True, default=60.0)
-    action_retries: int = _doc("Tries of a failing Slurm command before the "
-                               "recommendation ends failed.", default=3)
+    action_retries: int = _doc("Failed Slurm commands one recommendation may meet "
+                               "(all its steps together) before it ends failed.",
+                               default=3)
     retry_backoff: float = _doc("Wait before the first retry; doubled for each next one.",
                                 duration=True, default=1.0)
     max_drains_per_hour: int = _doc("Blast-radius budget: drains by us per hour, cluster "

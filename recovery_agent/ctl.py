@@ -183,7 +183,8 @@ def show() -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 def show_job(job_id: str, config_path, db_path, as_json: bool) -> None:
     """A job's attempts and timeline: registration, detections, verdicts,
-    recommendations and what was done.
+    recommendations and what was done. An array's id lists its tasks, each
+    tracked and acted on alone (show one with ID_TASK).
 
     \b
     Example:
@@ -191,6 +192,13 @@ def show_job(job_id: str, config_path, db_path, as_json: bool) -> None:
         recovery-ctl show job 1234_7 --json | jq '.timeline[] | .message'
     """
     cfg, store = _open(config_path, db_path)
+    if store.find_job(cfg.agent.cluster, job_id) is None and job_id.isdigit():
+        tasks = list(store.db["jobs"].rows_where("cluster = ? and array_job_id = ?",
+                                                 [cfg.agent.cluster, int(job_id)],
+                                                 order_by="array_task_id"))
+        if tasks:
+            _show_array(store, job_id, tasks, as_json)
+            return
     row = _job_row(store, cfg.agent.cluster, job_id)
     attempts = store.attempts(row["id"])
     timeline = list(store.timeline(row["id"]))
@@ -208,6 +216,24 @@ def show_job(job_id: str, config_path, db_path, as_json: bool) -> None:
     for e in timeline:
         attempt = "" if e["attempt"] is None else f"[{e['attempt']}]"
         click.echo(f"    {_when(e['ts'])} {attempt:<4} {e['kind']:<16} {e['message']}")
+
+
+def _show_array(store, array_id: str, tasks: list[dict], as_json: bool) -> None:
+    """A job array: one line per task (each is tracked and acted on alone)."""
+    rows = []
+    for task in tasks:
+        recs = [r for r in store.recommendations(job_pk=task["id"]) if r["scope"] == "job"]
+        rows.append({"job_id": task["job_id"], "state": task["state"],
+                     "restarts": task["restart_count"],
+                     "recommendations": [f"#{r['id']} {r['action']} {r['status']}"
+                                         for r in recs]})
+    if as_json:
+        click.echo(json.dumps({"array_job_id": int(array_id), "tasks": rows}))
+        return
+    click.secho(f"array {array_id}: {len(rows)} task(s) tracked", bold=True)
+    for r in rows:
+        click.echo(f"  {r['job_id']:<14} {r['state'] or '-':<10} restarts={r['restarts']}  "
+                   + ("; ".join(r["recommendations"]) or "-"))
 
 
 @main.command()

@@ -129,6 +129,11 @@ class Ingest:
         if jobs is not None:
             jobs.on_refresh.append(self.complete_submit_times)
 
+    def attach_jobs(self, jobs: JobCache) -> None:
+        """Use a job cache from now on (Slurm became reachable after the start)."""
+        jobs.on_refresh.append(self.complete_submit_times)
+        self.jobs = jobs
+
     def _known_job(self, cluster: str, job: dict, hook: str) -> Job:
         """The job as the scheduler last listed it, else as the store knows it
         (the same job while it lives), else a new one awaiting its submit time."""

@@ -244,6 +244,13 @@ def test_only_the_failed_array_task_is_requeued(act_agent, submit, devcluster):
               and j.array_task_id is not None and j.array_task_id != 3]
     assert others and all(j.restart_count == 0 for j in others)
     assert all(r["job_id"] == task3 for r in all_recs_of_array(act_agent, array_id))
+    shown = subprocess.run([str(Path(sys.executable).parent / "recovery-ctl"), "show", "job",
+                            array_id, "--db", str(act_agent.db), "--json"],
+                           env=act_agent.environ(), capture_output=True, text=True, timeout=60)
+    grouped = json.loads(shown.stdout)
+    by_task = {t["job_id"]: t for t in grouped["tasks"]}
+    assert task3 in by_task and by_task[task3]["recommendations"][0].endswith("requeue done")
+    assert all(not t["recommendations"] for k, t in by_task.items() if k != task3)
 
 
 def agent_job_ids(agent, rec_id: int) -> list[str]:
@@ -350,4 +357,58 @@ def test_drain_budget_blocks_the_second_drain(act_agent, submit, devcluster, tmp
             submit.runner.run(["scancel", job_id], check=False)
     finally:
         budget.stop()
+        act_agent.start()
+
+
+# -- slurmctld stops answering mid-recovery -------------------------------------------
+
+def test_slurmctld_stopped_30s_mid_recovery_waits_then_finishes(act_agent, submit, devcluster,
+                                                                tmp_path, cleanup):
+    """The agent dies right after its requeue-hold; slurmctld then freezes for 30 s
+    (SIGSTOP) while a new agent starts on the same store. The new agent must wait,
+    do nothing on what it cannot see, and finish the recovery once slurmctld is back."""
+    import os
+    import signal
+    import time
+
+    act_agent.stop()
+    ctld = next(d for d in devcluster.daemons() if d.name == "slurmctld")
+    frozen = False
+    try:
+        sched = devcluster.scheduler()
+        slow = {"RECOVERY_POLICY_DECISION_TIMEOUT": "150s"}
+        dying = own_agent(devcluster, tmp_path, RECOVERY_TEST_CRASH_AFTER_STEP="requeue_hold",
+                          **slow)
+        dying.start()
+        job_id, out = train_job(submit, devcluster, tmp_path, "act")
+        _, bad = second_node(sched, job_id)
+        cleanup.append((bad, dying))
+        wait_for(lambda: output_has(out, "checkpoint saved:", 1), 60, "a checkpoint")
+        inject_xid(devcluster.lay, bad, 0, 79)
+        assert dying.wait_dead(60) == -9
+        wait_for(lambda: (j := job_now(sched, job_id)) and j.is_pending and j.held, 30,
+                 "the job held by our requeue")
+        os.kill(ctld.pid, signal.SIGSTOP)
+        frozen, stopped_at = True, time.monotonic()
+        again = own_agent(devcluster, tmp_path, **slow)
+        again.start()
+        try:
+            time.sleep(max(0.0, 30 - (time.monotonic() - stopped_at)))
+            row = job_row(again, job_id)
+            (rec,) = recs(again, row[0], "job")
+            assert rec["status"] == "executing"           # nothing done while blind
+            assert steps(again, rec["id"], "failed") == []
+            os.kill(ctld.pid, signal.SIGCONT)
+            frozen = False
+            rec = final_rec(again, row[0], timeout=90)
+            assert (rec["status"], rec["exclude"]) == ("done", [bad])
+            assert steps(again, rec["id"]).count("requeue_hold") == 1
+            assert steps(again, rec["id"], "failed") == []
+            job = wait_for(lambda: running_again(sched, job_id), 60, "the job running again")
+            assert bad not in job.nodes
+        finally:
+            again.stop()
+    finally:
+        if frozen:
+            os.kill(ctld.pid, signal.SIGCONT)
         act_agent.start()
