@@ -20,10 +20,10 @@ export PATH := $(BIN):$(PATH)
 .PHONY: help deps build test unit bench demo down clean
 
 help:
-	@echo "make demo   start a local Slurm cluster and run a sample training job on it"
+	@echo "make demo   a local Slurm cluster: a GPU fails under a training job, which recovers"
 	@echo "make test   install, build, start a dev cluster, run every test, stop it"
 	@echo "make unit   only the fast unit tests (no cluster)"
-	@echo "make bench  hook, ingest, scanner and tailer benchmarks (figures into docs/)"
+	@echo "make bench  hook, ingest, scanner, tailer and recovery benchmarks (into docs/)"
 	@echo "make down   stop the demo cluster"
 	@echo "make deps   install Debian packages and the Python virtualenv"
 
@@ -60,6 +60,7 @@ bench: deps build
 	$(BIN)/python -m tests.benchmarks.bench_hooks --out docs/benchmarks-hooks.md
 	$(BIN)/python -m tests.benchmarks.bench_scanner | tee docs/benchmarks-scanner.md
 	$(BIN)/python -m tests.benchmarks.bench_tail --out docs/benchmarks-tail.md
+	$(BIN)/python -m tests.benchmarks.bench_recovery --out docs/benchmarks-recovery.md
 
 demo: deps build
 	DEMO_STATE_DIR=$(DEMO_STATE_DIR) bash contrib/demo/demo.sh

@@ -236,6 +236,11 @@ def _coerce(key: str, spec: Field, value: Any) -> Any:
     elif kind is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):   # from the environment
+            try:
+                return float(value)
+            except ValueError:
+                pass
     elif kind is str:
         if isinstance(value, str):
             return value

@@ -115,6 +115,7 @@ class ClusterSpec:
     fake_nvml: str = ""      # the fake libnvidia-ml.so.1 the hooks load instead of NVML
     spank_plugin: str = ""
     spank_args: str = ""
+    extra_conf: tuple[str, ...] = ()   # more slurm.conf lines (benchmarks: RequeueExit=...)
 
     @property
     def node_names(self) -> list[str]:
@@ -138,7 +139,7 @@ class ClusterSpec:
         return {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "port": self.port,
                 "hooks_bin": self.hooks_bin, "fake_nvml": self.fake_nvml,
                 "spank_plugin": self.spank_plugin,
-                "spank_args": self.spank_args}
+                "spank_args": self.spank_args, "extra_conf": list(self.extra_conf)}
 
 
 def local_spec(nodes: int = DEFAULT_NODES, gpus_per_node: int = DEFAULT_GPUS,
@@ -216,6 +217,7 @@ def slurm_conf(spec: ClusterSpec, lay: Layout) -> str:
                   f"Epilog={lay.hook_wrapper('epilog')}",
                   f"HealthCheckProgram={lay.hook_wrapper('health')}",
                   "HealthCheckInterval=60", "HealthCheckNodeState=ANY"]
+    lines += list(spec.extra_conf)
     lines += [
         f"NodeName=node[1-{spec.nodes}] NodeHostname=localhost NodeAddr=127.0.0.1 "
         f"Port={first}-{last} CPUs=2 RealMemory={NODE_MEMORY_MB}{gres} State=UNKNOWN",

@@ -87,6 +87,19 @@ def second_node(sched, job_id: str) -> tuple[object, str]:
     return job, job.nodes[1]
 
 
+def xid_under_job(submit, devcluster, tmp_path, cleanup, agent, env: str = "act",
+                  checkpoints: int = 1) -> tuple[str, Path, str]:
+    """A 2-node training job that gets XID 79 on its second node once it has
+    checkpointed; returns (job id, output file, the faulted node)."""
+    job_id, out = train_job(submit, devcluster, tmp_path, env)
+    _, bad = second_node(devcluster.scheduler(), job_id)
+    cleanup.append((bad, agent))
+    wait_for(lambda: output_has(out, "checkpoint saved:", checkpoints), 60,
+             f"{checkpoints} checkpoint(s)")
+    inject_xid(devcluster.lay, bad, 0, 79)
+    return job_id, out, bad
+
+
 @pytest.fixture
 def cleanup(devcluster):
     """Nodes a test faulted: their XIDs cleared and any drain lifted afterwards."""
@@ -126,11 +139,8 @@ def own_agent(devcluster, tmp_path, **env) -> AgentProcess:
 def test_xid_requeues_without_the_node_drains_it_and_resumes(act_agent, submit, devcluster,
                                                               tmp_path, cleanup):
     sched = devcluster.scheduler()
-    job_id, out = train_job(submit, devcluster, tmp_path, "act")
-    _, bad = second_node(sched, job_id)
-    cleanup.append((bad, act_agent))
-    wait_for(lambda: output_has(out, "checkpoint saved:", 2), 60, "two checkpoints")
-    inject_xid(devcluster.lay, bad, 0, 79)
+    job_id, out, bad = xid_under_job(submit, devcluster, tmp_path, cleanup, act_agent,
+                                     checkpoints=2)
 
     row = job_row(act_agent, job_id)
     rec = final_rec(act_agent, row[0])
@@ -151,11 +161,8 @@ def test_xid_requeues_without_the_node_drains_it_and_resumes(act_agent, submit, 
 def test_monitor_mode_records_would_have_and_leaves_slurm_alone(act_agent, submit,
                                                                 devcluster, tmp_path, cleanup):
     sched = devcluster.scheduler()
-    job_id, out = train_job(submit, devcluster, tmp_path, "act:monitor")
-    _, bad = second_node(sched, job_id)
-    cleanup.append((bad, act_agent))
-    wait_for(lambda: output_has(out, "checkpoint saved:", 1), 60, "a checkpoint")
-    inject_xid(devcluster.lay, bad, 0, 79)
+    job_id, out, bad = xid_under_job(submit, devcluster, tmp_path, cleanup, act_agent,
+                                     env="act:monitor")
     row = job_row(act_agent, job_id)
     rec = final_rec(act_agent, row[0])
     assert (rec["action"], rec["status"], rec["mode"]) == ("requeue_exclude", "would_have",
@@ -274,11 +281,7 @@ def test_agent_killed_mid_actuation_requeues_exactly_once(act_agent, submit, dev
         sched = devcluster.scheduler()
         dying = own_agent(devcluster, tmp_path, RECOVERY_TEST_CRASH_AFTER_STEP=crash_after)
         dying.start()
-        job_id, out = train_job(submit, devcluster, tmp_path, "act")
-        _, bad = second_node(sched, job_id)
-        cleanup.append((bad, dying))
-        wait_for(lambda: output_has(out, "checkpoint saved:", 1), 60, "a checkpoint")
-        inject_xid(devcluster.lay, bad, 0, 79)
+        job_id, out, bad = xid_under_job(submit, devcluster, tmp_path, cleanup, dying)
         assert dying.wait_dead(60) == -9            # SIGKILL, right after the step
         again = own_agent(devcluster, tmp_path)     # same store: a restart
         again.start()
@@ -304,11 +307,7 @@ def test_watchdog_releases_a_held_job_while_the_agent_is_down(act_agent, submit,
         dying = own_agent(devcluster, tmp_path, RECOVERY_TEST_CRASH_AFTER_STEP="requeue_hold",
                           RECOVERY_POLICY_DECISION_TIMEOUT="3s")
         dying.start()
-        job_id, out = train_job(submit, devcluster, tmp_path, "act")
-        _, bad = second_node(sched, job_id)
-        cleanup.append((bad, dying))
-        wait_for(lambda: output_has(out, "checkpoint saved:", 1), 60, "a checkpoint")
-        inject_xid(devcluster.lay, bad, 0, 79)
+        job_id, out, bad = xid_under_job(submit, devcluster, tmp_path, cleanup, dying)
         assert dying.wait_dead(60) == -9
         held = wait_for(lambda: (j := job_now(sched, job_id)) and j.is_pending and j.held and j,
                         30, "the job held by our requeue")
@@ -337,11 +336,7 @@ def test_drain_budget_blocks_the_second_drain(act_agent, submit, devcluster, tmp
         sched = devcluster.scheduler()
         first = None
         for n in range(2):
-            job_id, out = train_job(submit, devcluster, tmp_path, "act")
-            _, bad = second_node(sched, job_id)
-            cleanup.append((bad, budget))
-            wait_for(lambda: output_has(out, "checkpoint saved:", 1), 60, "a checkpoint")
-            inject_xid(devcluster.lay, bad, 0, 79)
+            job_id, out, bad = xid_under_job(submit, devcluster, tmp_path, cleanup, budget)
             row = job_row(budget, job_id)
             rec = final_rec(budget, row[0])
             assert (rec["action"], rec["status"]) == ("requeue_exclude", "done")
@@ -380,11 +375,7 @@ def test_slurmctld_stopped_30s_mid_recovery_waits_then_finishes(act_agent, submi
         dying = own_agent(devcluster, tmp_path, RECOVERY_TEST_CRASH_AFTER_STEP="requeue_hold",
                           **slow)
         dying.start()
-        job_id, out = train_job(submit, devcluster, tmp_path, "act")
-        _, bad = second_node(sched, job_id)
-        cleanup.append((bad, dying))
-        wait_for(lambda: output_has(out, "checkpoint saved:", 1), 60, "a checkpoint")
-        inject_xid(devcluster.lay, bad, 0, 79)
+        job_id, out, bad = xid_under_job(submit, devcluster, tmp_path, cleanup, dying)
         assert dying.wait_dead(60) == -9
         wait_for(lambda: (j := job_now(sched, job_id)) and j.is_pending and j.held, 30,
                  "the job held by our requeue")

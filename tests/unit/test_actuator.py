@@ -419,49 +419,31 @@ def test_crash_after_any_step_then_restart_finishes_once(store, clock, killed, m
     assert killed == [(os.getpid(), signal.SIGKILL)]   # the second agent never "crashed"
 
 
+@pytest.mark.parametrize("when", ["before", "after"])
 @pytest.mark.parametrize("step", JOB_STEPS)
-def test_crash_after_started_row_before_the_slurm_call(store, clock, step):
-    """The agent dies after writing ``started`` but before scontrol ran."""
+def test_crash_inside_a_step(store, clock, step, when):
+    """The agent dies with ``started`` written and scontrol not yet run (before),
+    or run but its ``ok`` not yet written (after)."""
     slurm = FakeSlurm(state="FAILED", requeue_allowed=False)
     want = ("gpu2",)
     rec_id = add_job_rec(store, slurm, exclude=want)
-    slurm.crash_before = CALL_OF_STEP[step]
+    setattr(slurm, f"crash_{when}", CALL_OF_STEP[step])
     with pytest.raises(Killed):
         drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     assert steps(store, rec_id)[-1] == (step, "started")
-    assert slurm.calls[CALL_OF_STEP[step]] == 0
-    if step in ("allow_requeue", "requeue_hold"):
+    assert slurm.calls[CALL_OF_STEP[step]] == (0 if when == "before" else 1)
+    if when == "before" and step in ("allow_requeue", "requeue_hold"):
         assert slurm.job["restart_count"] == 0   # the requeue really did not happen
 
-    slurm.crash_before = None
-    clock[0] += 1
-    drive(make_actuator(store, slurm, clock), store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done"
-    assert slurm.calls["requeue_hold"] == 1
-    assert slurm.calls == Counter(allow_requeue=1, requeue_hold=1, set_excluded_nodes=1,
-                                  start_now=1, release=1)
-    assert slurm.job["restart_count"] == 1
-    assert slurm.job["excluded"] == want and slurm.job["held"] is False
-
-
-@pytest.mark.parametrize("step", JOB_STEPS)
-def test_crash_after_the_slurm_call_before_the_ok_row(store, clock, step):
-    """The agent dies after scontrol did its work but before ``ok`` was written."""
-    slurm = FakeSlurm(state="FAILED", requeue_allowed=False)
-    want = ("gpu2",)
-    rec_id = add_job_rec(store, slurm, exclude=want)
-    slurm.crash_after = CALL_OF_STEP[step]
-    with pytest.raises(Killed):
-        drive(make_actuator(store, slurm, clock), store, rec_id, clock)
-    assert steps(store, rec_id)[-1] == (step, "started")
-    assert slurm.calls[CALL_OF_STEP[step]] == 1
-
-    slurm.crash_after = None
+    setattr(slurm, f"crash_{when}", None)
     clock[0] += 1
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     assert store.rec(rec_id)["status"] == "done"
     assert slurm.calls["requeue_hold"] == 1 and slurm.calls["allow_requeue"] == 1
     assert slurm.calls["set_excluded_nodes"] == 1
+    if when == "before":
+        assert slurm.calls == Counter(allow_requeue=1, requeue_hold=1, set_excluded_nodes=1,
+                                      start_now=1, release=1)
     assert slurm.job["restart_count"] == 1
     assert slurm.job["excluded"] == want
     assert slurm.job["held"] is False and slurm.job["start_now"] is True

@@ -134,3 +134,13 @@ def test_hooks_light_reader_fails_open(tmp_path):
     assert broken.agent_url == settings.DEFAULTS["agent_url"] and broken.problems
     missing = settings.load({"RECOVERY_CONFIG": str(tmp_path / "nope.toml")})
     assert "not found" in missing.problems[0]
+
+
+def test_float_keys_can_come_from_the_environment():
+    from recovery_agent.config import Config, apply_env
+    from recovery_agent.errors import ConfigError
+    cfg = apply_env(Config(), {"RECOVERY_POLICY_MAX_DRAINED_PERCENT": "25.5"})
+    assert cfg.policy.max_drained_percent == 25.5
+    import pytest
+    with pytest.raises(ConfigError, match="RECOVERY_POLICY_LEMON_THRESHOLD"):
+        apply_env(Config(), {"RECOVERY_POLICY_LEMON_THRESHOLD": "lots"})

@@ -95,3 +95,19 @@ def test_notify_failure_is_reported_not_raised():
     assert not sent.ok and "POST" in sent.detail
     assert not notify("carrier-pigeon", {"id": 1, "job_id": "1", "attempt": 0,
                                          "action": "stop", "rule": "x", "reason": ""}).ok
+
+
+def test_second_agent_on_one_store_refuses_to_start(tmp_path):
+    from click.testing import CliRunner
+
+    from recovery_agent.agent import main as agent_main
+    config = tmp_path / "recovery.toml"
+    config.write_text(f'[agent]\nstate_dir = "{tmp_path}"\n[api]\nauth = "none"\n')
+    first = StoreLock(tmp_path / "recovery.db")
+    first.acquire()
+    try:
+        result = CliRunner().invoke(agent_main, ["--config", str(config), "--no-watch"])
+    finally:
+        first.release()
+    assert result.exit_code == 1
+    assert "another recovery-agent" in result.output and str(os.getpid()) in result.output
