@@ -125,6 +125,17 @@ class ApiConfig:
     munge_socket: str = _doc("munged's socket; empty uses munge's default.", default="")
     hook_uids: str = _doc("Comma-separated uids allowed to send hook reports (the "
                           "SlurmdUser, normally root).", default="0")
+    admin_uids: str = _doc("Comma-separated uids with the admin role on the API and "
+                           "recovery-ctl (everyone else is a user: own jobs only).",
+                           default="0")
+    admin_groups: str = _doc("Comma-separated Unix groups whose members are admins.",
+                             default="")
+    read_token_file: str = _doc("A file holding a bearer token that read-only endpoints "
+                                "and the Console then require; empty: no token (keep "
+                                "api.bind on localhost).", default="")
+    claim_ttl: float = _doc("How long an external controller's claim (ack) on a "
+                            "recommendation lasts before it is offered again.",
+                            duration=True, default=120.0)
 
 
 @dataclass(frozen=True)
@@ -207,6 +218,14 @@ class Config:
     def allowed_hook_uids(self) -> frozenset[int]:
         return frozenset(int(u) for u in self.api.hook_uids.split(",") if u.strip())
 
+    @property
+    def admin_uids(self) -> frozenset[int]:
+        return frozenset(int(u) for u in self.api.admin_uids.split(",") if u.strip())
+
+    @property
+    def admin_groups(self) -> tuple[str, ...]:
+        return tuple(g.strip() for g in self.api.admin_groups.split(",") if g.strip())
+
     def environment(self, name: str) -> EnvironmentConfig:
         """The named environment; unknown names fall back to ``default``."""
         return self.environments.get(name) or self.environments.get(
@@ -273,11 +292,12 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"api.auth: must be munge or none, got {cfg.api.auth!r}")
     if not 0 < cfg.api.port < 65536:
         raise ConfigError(f"api.port: {cfg.api.port} is not a port number")
-    try:
-        cfg.allowed_hook_uids
-    except ValueError:
-        raise ConfigError(f"api.hook_uids: expected comma-separated uids, "
-                          f"got {cfg.api.hook_uids!r}") from None
+    for key in ("hook_uids", "admin_uids"):
+        text = getattr(cfg.api, key)
+        if not all(u.strip().isdigit() for u in text.split(",") if u.strip()):
+            raise ConfigError(f"api.{key}: expected comma-separated uids, got {text!r}")
+    if cfg.api.claim_ttl <= 0:
+        raise ConfigError("api.claim_ttl: must be above zero")
     if cfg.hooks.preflight not in ("off", "report", "enforce"):
         raise ConfigError(f"hooks.preflight: must be off, report or enforce, "
                           f"got {cfg.hooks.preflight!r}")

@@ -225,7 +225,9 @@ class Bench:
             time.sleep(0.5)
         results = []
         for case in cases:
-            wasted = sum(1 for s in case["starts"][1:] if s["node"] == case["bad"])
+            # only a node fault makes a restart on the same node a wasted attempt
+            wasted = sum(1 for s in case["starts"][1:] if s["node"] == case["bad"]) \
+                if case["kind"] == "xid" else None
             recovered = case["running_again_s"] is not None and not (
                 case["kind"] == "xid" and case["starts"][-1]["node"] == case["bad"])
             results.append({"kind": case["kind"], "job": case["job"], "recovered": recovered,
@@ -281,8 +283,9 @@ def report(ours: list[dict], plain: list[dict], cap: float) -> str:
         again = r["running_again_s"]
         ratio = f"{again / mine:.1f}x" if again and mine == mine else "—"
         again_text = f"{again:.1f}" if again is not None else f"never (in {cap:.0f} s)"
+        wasted = "—" if r["wasted_on_bad_node"] is None else r["wasted_on_bad_node"]
         lines.append(f"| {r['kind']} | {'yes' if r['recovered'] else 'no'} | {again_text} | "
-                     f"{r['attempts']} | {r['wasted_on_bad_node']} | {mine:.2f} | {ratio} |")
+                     f"{r['attempts']} | {wasted} | {mine:.2f} | {ratio} |")
     failed = [r for r in ours if not r.get("recovered")]
     if failed:
         lines += ["", "Cases slurm-recovery did not recover: "
@@ -300,7 +303,16 @@ def main() -> None:
                         help="give a baseline case up after this many seconds")
     parser.add_argument("--out", type=Path, default=None, help="also write Markdown here")
     parser.add_argument("--json", type=Path, default=None, help="raw per-case results")
+    parser.add_argument("--report-from", type=Path, default=None, metavar="JSON",
+                        help="only print the report of an earlier run's --json file")
     args = parser.parse_args()
+    if args.report_from:
+        data = json.loads(args.report_from.read_text())
+        text = report(data["ours"], data["plain"], args.cap)
+        print(text)
+        if args.out:
+            args.out.write_text(text)
+        return
     state = Path(tempfile.mkdtemp(prefix="recovery-bench-recovery-"))
     cluster = DevCluster(state, progress=log)
     spec = replace(local_spec(nodes=4, port=PORT), extra_conf=(f"RequeueExit={REQUEUE_EXIT}",))
