@@ -98,6 +98,8 @@ class Actuator:
 
     def advance(self, rec: dict, listing: dict[str, Job], now: float) -> None:
         """One step (or a few) of one recommendation, from the live job."""
+        if self.store.rec(rec["id"])["status"] not in OPEN_STATUSES:
+            return   # cancelled (or ended) since the list was read
         try:
             if rec["scope"] == "job":
                 self._advance_job(rec, listing.get(rec["job_id"]), now)

@@ -1,4 +1,5 @@
-"""The agent's HTTP service. For now: hook ingest at ``POST /v1/hooks/{hook}``.
+"""The agent's HTTP service: hook ingest at ``POST /v1/hooks/{hook}`` (here) and
+the read, Advisor and operator API (:mod:`recovery_agent.api_v1`).
 
 Each request carries ``Authorization: Munge <credential>``; the credential's
 payload is the SHA-256 of the body, so a report cannot be altered in flight or
@@ -38,11 +39,14 @@ class Counters:
 
 
 def create_app(cfg: Config, ingest: Ingest) -> FastAPI:
-    app = FastAPI(title="slurm-recovery agent", version="0.1.0",
-                  description="Hook ingest for slurm-recovery.")
+    app = FastAPI(title="slurm-recovery agent", version="0.2.0",
+                  description="Hook ingest, jobs, nodes, the Advisor API for site "
+                              "controllers, operator actions, health and metrics.")
     counters = Counters()
     app.state.counters = counters
     app.state.ingest = ingest
+    from . import api_v1
+    api_v1.register(app, cfg, ingest.store, counters)
 
     def refuse(status: int, reason: str, hook: str) -> JSONResponse:
         counters.add(f"refused_{status}")
@@ -91,3 +95,21 @@ def create_app(cfg: Config, ingest: Ingest) -> FastAPI:
                             status_code=200 if stored.duplicate else 201)
 
     return app
+
+
+def openapi_spec() -> dict:
+    """The API's OpenAPI document, as checked in at docs/openapi.json."""
+    import tempfile
+
+    from .store import Store
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(f"{tmp}/spec.db")
+        try:
+            return create_app(Config(), Ingest(store, "default")).openapi()
+        finally:
+            store.close()
+
+
+if __name__ == "__main__":   # python -m recovery_agent.api > docs/openapi.json
+    import json
+    print(json.dumps(openapi_spec(), indent=1, sort_keys=True))

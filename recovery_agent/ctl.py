@@ -6,6 +6,8 @@ Each command is a few lines over the library; library errors become
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -131,131 +133,532 @@ def _print_report(path: Path, detections: list[Detection], verdict: Verdict) -> 
         click.echo(f"           {verdict.reason}")
 
 
-# -- the store: jobs, the audit trail, the watchdog ------------------------------
+# -- the agent's state: jobs, nodes, recommendations, the audit trail ----------------
+#
+# Reads come from the store file (``--db``, else the config's store when this host
+# can read it) or from the agent's API (``--url``). Changes go to the agent's API,
+# signed with munge, so the agent checks the caller's role and audits the uid; with
+# ``--db`` they are written to the store directly (for when the agent is down).
 
 _config_option = click.option(
     "-c", "--config", "config_path", type=click.Path(dir_okay=False), default=None,
     help="Agent config [default: $RECOVERY_CONFIG or /etc/slurm-recovery/recovery.toml].")
 _db_option = click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
-                          help="Read this store file instead of the config's.")
+                          help="Use this store file directly (works with the agent down).")
+_url_option = click.option("--url", default=None, envvar="RECOVERY_URL",
+                           help="The agent's API [default: from api.bind and api.port].")
+_json_option = click.option("--json", "as_json", is_flag=True, help="JSON for scripts.")
 
 
-def _open(config_path: str | None, db_path: str | None):
-    from .config import load
-    from .store import Store
-    try:
-        cfg = load(config_path)
-        path = Path(db_path) if db_path else cfg.store_path
-        if not path.exists():
-            raise click.ClickException(f"no store at {path} (has the agent run? --db PATH)")
-        return cfg, Store(path)
-    except RecoveryError as exc:
-        raise click.ClickException(str(exc)) from None
+class Client:
+    """The same questions and changes, over the store (Service) or over HTTP."""
+
+    def __init__(self, config_path: str | None, db_path: str | None, url: str | None,
+                 writing: bool = False) -> None:
+        from .config import load
+        try:
+            self.cfg = load(config_path)
+        except RecoveryError as exc:
+            raise click.ClickException(str(exc)) from None
+        self.url = url
+        self.service = None
+        path = Path(db_path) if db_path else self.cfg.store_path
+        if db_path or (not url and not writing and path.exists()
+                       and os.access(path, os.R_OK)):
+            if not path.exists():
+                raise click.ClickException(f"no store at {path} (has the agent run?)")
+            from .service import Service
+            from .store import Store
+            try:
+                self.service = Service(self.cfg, Store(path))
+            except RecoveryError as exc:
+                raise click.ClickException(str(exc)) from None
+        elif not url:
+            host = self.cfg.api.bind if self.cfg.api.bind not in ("0.0.0.0", "::") \
+                else "127.0.0.1"
+            self.url = f"http://{host}:{self.cfg.api.port}"
+
+    @property
+    def store(self):
+        return self.service.store if self.service else None
+
+    def _http(self, method: str, path: str, body: dict | None = None, **params) -> dict:
+        import requests
+        headers = {}
+        data = None
+        if method == "POST":
+            data = json.dumps(body or {}).encode()
+            if self.cfg.api.auth == "munge":
+                from slurm_hooks import munge
+                try:
+                    headers["Authorization"] = "Munge " + munge.sign_body(
+                        data, self.cfg.api.munge_socket)
+                except munge.MungeError as exc:
+                    raise click.ClickException(f"cannot sign the request with munge: "
+                                               f"{exc}") from None
+            else:
+                headers["X-Recovery-Uid"] = str(os.getuid())
+            headers["Content-Type"] = "application/json"
+        elif self.cfg.api.read_token_file:
+            try:
+                token = Path(self.cfg.api.read_token_file).read_text().strip()
+            except OSError as exc:
+                raise click.ClickException(f"{self.cfg.api.read_token_file}: "
+                                           f"{exc.strerror}") from None
+            headers["Authorization"] = f"Bearer {token}"
+        params = {k: v for k, v in params.items() if v is not None}
+        try:
+            resp = requests.request(method, f"{self.url}{path}", data=data, params=params,
+                                    headers=headers, timeout=30)
+        except requests.RequestException as exc:
+            raise click.ClickException(f"the agent at {self.url} is not reachable "
+                                       f"({exc.__class__.__name__}); with the agent down, "
+                                       "use --db STORE") from None
+        try:
+            answer = resp.json()
+        except ValueError:
+            answer = {"detail": resp.text[:200]}
+        if resp.status_code >= 400:
+            raise click.ClickException(f"{answer.get('detail', answer)} (HTTP "
+                                       f"{resp.status_code})")
+        return answer
+
+    def call(self, name: str, *args, **kwargs):
+        """Run a Service method here, or its endpoint at the agent."""
+        if self.service is not None:
+            try:
+                return getattr(self.service, name)(*args, **kwargs)
+            except RecoveryError as exc:
+                raise click.ClickException(str(exc)) from None
+        return _HTTP[name](self, *args, **kwargs)
+
+    def change(self, name: str, *args, **kwargs):
+        """A change: the caller is this process's uid (its role from the config)."""
+        if self.service is not None:
+            from .service import role_of
+            return self.call(name, role_of(self.cfg, os.getuid()), *args, **kwargs)
+        return _HTTP[name](self, *args, **kwargs)
 
 
-def _job_row(store, cluster: str, job_id: str) -> dict:
-    row = store.find_job(cluster, job_id)
-    if row is None:
-        raise click.ClickException(f"job {job_id} is not tracked")
-    return row
+_HTTP = {
+    "jobs": lambda c, state=None, user=None, env=None, limit=500: c._http(
+        "GET", "/v1/jobs", state=state, user=user, env=env, limit=limit)["jobs"],
+    "job": lambda c, job_id: c._http("GET", f"/v1/jobs/{job_id}"),
+    "array": lambda c, job_id: c._http("GET", f"/v1/jobs/{job_id}").get("tasks", []),
+    "timeline": lambda c, job_id: c._http("GET", f"/v1/jobs/{job_id}/timeline")["events"],
+    "nodes": lambda c: c._http("GET", "/v1/nodes")["nodes"],
+    "node": lambda c, name: c._http("GET", f"/v1/nodes/{name}"),
+    "environments": lambda c: c._http("GET", "/v1/environments")["environments"],
+    "recommendations": lambda c, status=None, env=None, mode=None, job=None, limit=500:
+        c._http("GET", "/v1/recommendations", status=status, env=env, mode=mode, job=job,
+                limit=limit)["recommendations"],
+    "audit": lambda c, since=None, until=None, job=None: [
+        c._http("GET", f"/v1/recommendations/{r['id']}") for r in c._http(
+            "GET", "/v1/recommendations", job=job, limit=10000)["recommendations"][::-1]
+        if (since is None or r["created"] >= since) and (until is None or r["created"] <= until)],
+    "set_mode": lambda c, env, mode: c._http("POST", f"/v1/environments/{env}/mode",
+                                             {"mode": mode}),
+    "exclude": lambda c, name, reason: c._http("POST", f"/v1/nodes/{name}/exclude",
+                                               {"reason": reason}),
+    "include": lambda c, name: c._http("POST", f"/v1/nodes/{name}/include"),
+    "ack": lambda c, rec_id: c._http("POST", f"/v1/recommendations/{rec_id}/ack"),
+    "cancel": lambda c, rec_id, reason="": c._http("POST",
+                                                   f"/v1/recommendations/{rec_id}/cancel",
+                                                   {"reason": reason}),
+}
 
 
 def _when(ts: float | None) -> str:
-    import time as _time
-    return _time.strftime("%H:%M:%S", _time.localtime(ts)) + f".{int(ts % 1 * 1000):03d}" \
-        if ts else "-"
+    if not ts:
+        return "-"
+    return time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts % 1 * 1000):03d}"
+
+
+def _table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
+    """Aligned columns, scontrol/squeue style; ``columns`` are (key, header)."""
+    cells = [[h for _, h in columns]] + [
+        ["-" if r.get(k) in (None, "", []) else
+         (",".join(map(str, r[k])) if isinstance(r[k], list) else str(r[k]))
+         for k, _ in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    for row in cells:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def _dump(value) -> None:
+    click.echo(json.dumps(value, default=str))
+
+
+def _parse_time(text: str | None) -> float | None:
+    """``--since``: an ISO date/time, or a duration back from now (30m, 2h, 7d)."""
+    if not text:
+        return None
+    from datetime import datetime
+
+    from .config import parse_duration
+    try:
+        return time.time() - parse_duration(text, "--since/--until")
+    except RecoveryError:
+        pass
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: use an ISO time (2026-11-29T10:00) or a "
+                                 "duration back from now (30m, 2h, 7d)") from None
 
 
 @main.group()
 def show() -> None:
-    """Show what the agent tracks (read straight from its store).
+    """Show what the agent tracks: jobs, nodes, recommendations, config.
 
     \b
     Example:
+        recovery-ctl show jobs --state RUNNING
         recovery-ctl show job 4410
     """
+
+
+@show.command("jobs")
+@click.option("--state", default=None, help="Only jobs in this Slurm state.")
+@click.option("--user", default=None, help="Only this user's jobs.")
+@click.option("--env", default=None, help="Only jobs of this environment.")
+@_config_option
+@_db_option
+@_url_option
+@_json_option
+def show_jobs(state, user, env, config_path, db_path, url, as_json) -> None:
+    """Tracked jobs, newest first: state, env, mode, attempts, last detection.
+
+    \b
+    Example:
+        recovery-ctl show jobs --user ana --env prod
+    """
+    rows = Client(config_path, db_path, url).call("jobs", state, user, env)
+    if as_json:
+        _dump(rows)
+        return
+    for r in rows:
+        r["attempts"] = (r["restart_count"] or 0) + 1
+    _table(rows, [("job_id", "JOBID"), ("name", "NAME"), ("user", "USER"), ("state", "STATE"),
+                  ("env", "ENV"), ("mode", "MODE"), ("attempts", "ATTEMPTS"),
+                  ("last_detection", "LAST_DETECTION"),
+                  ("last_recommendation", "LAST_RECOMMENDATION")])
 
 
 @show.command("job")
 @click.argument("job_id")
 @_config_option
 @_db_option
-@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
-def show_job(job_id: str, config_path, db_path, as_json: bool) -> None:
-    """A job's attempts and timeline: registration, detections, verdicts,
-    recommendations and what was done. An array's id lists its tasks, each
-    tracked and acted on alone (show one with ID_TASK).
+@_url_option
+@_json_option
+def show_job(job_id: str, config_path, db_path, url, as_json: bool) -> None:
+    """A job's attempts, detections with their evidence, recommendations and
+    timeline. An array's id lists its tasks, each tracked and acted on alone
+    (show one with ID_TASK).
 
     \b
     Example:
         recovery-ctl show job 4410
-        recovery-ctl show job 1234_7 --json | jq '.timeline[] | .message'
+        recovery-ctl show job 1234_7 --json | jq '.timeline[].message'
     """
-    cfg, store = _open(config_path, db_path)
-    if store.find_job(cfg.agent.cluster, job_id) is None and job_id.isdigit():
-        tasks = list(store.db["jobs"].rows_where("cluster = ? and array_job_id = ?",
-                                                 [cfg.agent.cluster, int(job_id)],
-                                                 order_by="array_task_id"))
-        if tasks:
-            _show_array(store, job_id, tasks, as_json)
+    client = Client(config_path, db_path, url)
+    tasks = client.call("array", job_id) if job_id.isdigit() else []
+    if tasks and (client.store is None
+                  or client.store.find_job(client.cfg.agent.cluster, job_id) is None):
+        if as_json:
+            _dump({"array_job_id": int(job_id), "tasks": tasks})
             return
-    row = _job_row(store, cfg.agent.cluster, job_id)
-    attempts = store.attempts(row["id"])
-    timeline = list(store.timeline(row["id"]))
-    if as_json:
-        click.echo(json.dumps({"job": row, "attempts": attempts, "timeline": timeline},
-                              default=str))
+        click.secho(f"array {job_id}: {len(tasks)} task(s) tracked", bold=True)
+        _table(tasks, [("job_id", "TASK"), ("state", "STATE"), ("restarts", "RESTARTS"),
+                       ("recommendations", "RECOMMENDATIONS")])
         return
-    click.secho(f"job {row['job_id']} ({row['name'] or '-'}) user={row['user'] or '-'} "
-                f"env={row['env']} state={row['state']} restarts={row['restart_count']}",
-                bold=True)
-    for a in attempts:
-        click.echo(f"  attempt {a['attempt']}: {a['state'] or '-':<10} nodes="
-                   f"{','.join(a['nodes']) or '-'}  checkpoint={a['ckpt_path'] or '-'}")
-    click.echo("  timeline:")
+    detail = client.call("job", job_id)
+    timeline = client.call("timeline", job_id)
+    if as_json:
+        _dump({**detail, "timeline": timeline})
+        return
+    row = detail["job"]
+    click.secho(f"JobId={row['job_id']} Name={row['name'] or '-'} User={row['user'] or '-'} "
+                f"Env={row['env']} Mode={row['mode'] or '-'} State={row['state']} "
+                f"Restarts={row['restart_count']}", bold=True)
+    for a in detail["attempts"]:
+        click.echo(f"  Attempt={a['attempt']} State={a['state'] or '-'} "
+                   f"Nodes={','.join(a['nodes']) or '-'} Checkpoint={a['ckpt_path'] or '-'}")
+    for d in detail["detections"]:
+        lines = d["evidence"].get("lines") or [{}]
+        click.echo(f"  Detection [{d['attempt']}] {d['pattern_id']} ({d['category']}) "
+                   f"node={d['node'] or '-'}: {str(lines[0].get('text', ''))[:100]}")
+    for r in detail["recommendations"]:
+        click.echo(f"  Recommendation #{r['id']} [{r['attempt']}] {r['action']} "
+                   f"{','.join(r['target_nodes'])} -> {r['status']} (mode {r['mode']}): "
+                   f"{r['reason']}")
+    click.echo("  Timeline:")
     for e in timeline:
         attempt = "" if e["attempt"] is None else f"[{e['attempt']}]"
         click.echo(f"    {_when(e['ts'])} {attempt:<4} {e['kind']:<16} {e['message']}")
 
 
-def _show_array(store, array_id: str, tasks: list[dict], as_json: bool) -> None:
-    """A job array: one line per task (each is tracked and acted on alone)."""
-    rows = []
-    for task in tasks:
-        recs = [r for r in store.recommendations(job_pk=task["id"]) if r["scope"] == "job"]
-        rows.append({"job_id": task["job_id"], "state": task["state"],
-                     "restarts": task["restart_count"],
-                     "recommendations": [f"#{r['id']} {r['action']} {r['status']}"
-                                         for r in recs]})
-    if as_json:
-        click.echo(json.dumps({"array_job_id": int(array_id), "tasks": rows}))
-        return
-    click.secho(f"array {array_id}: {len(rows)} task(s) tracked", bold=True)
-    for r in rows:
-        click.echo(f"  {r['job_id']:<14} {r['state'] or '-':<10} restarts={r['restarts']}  "
-                   + ("; ".join(r["recommendations"]) or "-"))
-
-
-@main.command()
-@click.option("--job", "job_id", default=None, help="Only this job's recommendations.")
+@show.command("nodes")
 @_config_option
 @_db_option
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per recommendation.")
-def audit(job_id: str | None, config_path, db_path, as_json: bool) -> None:
-    """The audit trail: each recommendation (written before any action), its
-    evidence, and every step taken on Slurm, with timestamps.
+@_url_option
+@_json_option
+def show_nodes(config_path, db_path, url, as_json) -> None:
+    """Nodes: suspect (lemon) score, our drains, operator exclusions, last health.
 
     \b
     Example:
-        recovery-ctl audit --job 4410
+        recovery-ctl show nodes
     """
-    cfg, store = _open(config_path, db_path)
-    job_pk = _job_row(store, cfg.agent.cluster, job_id)["id"] if job_id else None
-    for rec in store.recommendations(job_pk=job_pk):
-        steps = store.steps(rec["id"])
-        if as_json:
-            click.echo(json.dumps({**rec, "steps": steps}, default=str))
+    rows = Client(config_path, db_path, url).call("nodes")
+    if as_json:
+        _dump(rows)
+        return
+    for r in rows:
+        health = r.get("last_health") or {}
+        r["health"] = (f"{health.get('hook', '')} gpus={health.get('count')} "
+                       f"ok={health.get('ok')}" if isinstance(health, dict) and health
+                       else "-")
+        r["ours"] = "drained" if r.get("drained_by_us") else ""
+        r["excluded"] = "yes" if r.get("excluded_by_operator") else ""
+    _table(rows, [("name", "NODE"), ("suspect_score", "SUSPECT"), ("ours", "OUR_DRAIN"),
+                  ("drain_reason", "REASON"), ("excluded", "EXCLUDED"),
+                  ("health", "LAST_HEALTH")])
+
+
+@show.command("node")
+@click.argument("name")
+@_config_option
+@_db_option
+@_url_option
+@_json_option
+def show_node(name, config_path, db_path, url, as_json) -> None:
+    """One node: score, drain, strikes (which job, what category, when).
+
+    \b
+    Example:
+        recovery-ctl show node node7
+    """
+    row = Client(config_path, db_path, url).call("node", name)
+    if as_json:
+        _dump(row)
+        return
+    click.secho(f"NodeName={row['name']} Suspect={row['suspect_score']} "
+                f"DrainedByUs={bool(row.get('drained_by_us'))} "
+                f"Excluded={bool(row.get('excluded_by_operator'))} "
+                f"Reason={row.get('drain_reason') or '-'}", bold=True)
+    for s in row["strikes"]:
+        click.echo(f"  strike {_when(s['ts'])} {s['category']:<14} weight={s['weight']} "
+                   f"job_row={s['job'] or '-'} user={s['user'] or '-'}")
+
+
+@show.command("recommendations")
+@click.option("--status", default=None, help="proposed, executing, done, failed, expired, "
+                                             "would_have, blocked_by_budget, ...")
+@click.option("--env", default=None, help="Only this environment's.")
+@_config_option
+@_db_option
+@_url_option
+@_json_option
+def show_recommendations(status, env, config_path, db_path, url, as_json) -> None:
+    """Recommendations, newest first: what, where, why, and where it stands.
+
+    \b
+    Example:
+        recovery-ctl show recommendations --status blocked_by_budget
+    """
+    rows = Client(config_path, db_path, url).call("recommendations", status, env)
+    if as_json:
+        _dump(rows)
+        return
+    for r in rows:
+        r["created_at"] = _when(r["created"])
+    _table(rows, [("id", "ID"), ("created_at", "CREATED"), ("job_id", "JOBID"),
+                  ("attempt", "ATTEMPT"), ("action", "ACTION"), ("target_nodes", "NODES"),
+                  ("mode", "MODE"), ("status", "STATUS"), ("rule", "RULE"),
+                  ("error", "NOTE")])
+
+
+@show.command("config")
+@_config_option
+@_db_option
+@_url_option
+@_json_option
+def show_config(config_path, db_path, url, as_json) -> None:
+    """The effective config (file, then RECOVERY_* variables), and each
+    environment's mode as changed at run time.
+
+    \b
+    Example:
+        recovery-ctl show config --json | jq .policy
+    """
+    from dataclasses import asdict
+    client = Client(config_path, db_path, url)
+    data = {k: v for k, v in asdict(client.cfg).items() if k != "environments"}
+    data["environments"] = {n: asdict(e) for n, e in client.cfg.environments.items()}
+    try:
+        modes = client.call("environments")
+    except click.ClickException:
+        modes = {}
+    for name, info in modes.items():
+        data["environments"].setdefault(name, {})["mode"] = info["mode"]
+    if as_json:
+        _dump(data)
+        return
+    click.echo(f"# {client.cfg.source or 'built-in defaults'}")
+    for section, values in data.items():
+        if section == "source":
             continue
+        if section == "environments":
+            for name, env in values.items():
+                click.echo(f"[environments.{name}]")
+                for key, value in env.items():
+                    click.echo(f"{key} = {json.dumps(value)}")
+            continue
+        click.echo(f"[{section}]")
+        for key, value in values.items():
+            click.echo(f"{key} = {json.dumps(value)}")
+
+
+@main.command()
+@click.argument("env")
+@click.argument("mode", type=click.Choice(["monitor", "action", "external"]))
+@_config_option
+@_db_option
+@_url_option
+@_json_option
+def mode(env, mode, config_path, db_path, url, as_json) -> None:
+    """Switch an environment's mode (admin): persisted, and audited with who did it.
+
+    \b
+    Example:
+        recovery-ctl mode prod action
+    """
+    answer = Client(config_path, db_path, url, writing=True).change("set_mode", env, mode)
+    if as_json:
+        _dump(answer)
+        return
+    click.echo(f"environment {env}: {answer['before']} -> {answer['mode']}")
+
+
+@main.command()
+@click.argument("node")
+@click.option("--reason", required=True, help="Why (recorded in the audit trail).")
+@_config_option
+@_db_option
+@_url_option
+def exclude(node, reason, config_path, db_path, url) -> None:
+    """Exclude NODE from every tracked job's retries (admin). Drains stay ours:
+    this never drains or resumes a node in Slurm.
+
+    \b
+    Example:
+        recovery-ctl exclude node7 --reason "IB link flaps, ticket 4411"
+    """
+    Client(config_path, db_path, url, writing=True).change("exclude", node, reason)
+    click.echo(f"{node}: excluded from retries")
+
+
+@main.command()
+@click.argument("node")
+@_config_option
+@_db_option
+@_url_option
+def include(node, config_path, db_path, url) -> None:
+    """Undo `exclude NODE` (admin).
+
+    \b
+    Example:
+        recovery-ctl include node7
+    """
+    Client(config_path, db_path, url, writing=True).change("include", node)
+    click.echo(f"{node}: no longer excluded")
+
+
+@main.command()
+@click.argument("rec_id", type=int)
+@_config_option
+@_db_option
+@_url_option
+def ack(rec_id, config_path, db_path, url) -> None:
+    """Claim an external-mode recommendation (as a site controller would).
+
+    \b
+    Example:
+        recovery-ctl ack 17
+    """
+    answer = Client(config_path, db_path, url, writing=True).change("ack", rec_id)
+    click.echo(f"#{rec_id}: claimed by {answer['claimed_by']}")
+
+
+@main.command()
+@click.argument("rec_id", type=int)
+@click.option("--reason", default="", help="Why (recorded).")
+@_config_option
+@_db_option
+@_url_option
+def cancel(rec_id, reason, config_path, db_path, url) -> None:
+    """Withdraw a recommendation that has not started on Slurm.
+
+    \b
+    Example:
+        recovery-ctl cancel 17 --reason "maintenance tonight, will requeue by hand"
+    """
+    Client(config_path, db_path, url, writing=True).change("cancel", rec_id, reason)
+    click.echo(f"#{rec_id}: cancelled")
+
+
+AUDIT_FIELDS = ("id", "created", "job_id", "attempt", "workload", "user", "env", "mode",
+                "action", "target_nodes", "exclude", "status", "rule", "reason_category",
+                "pattern_ids", "attribution", "detected_at", "done_at", "error", "steps")
+
+
+@main.command()
+@click.option("--since", default=None, help="ISO time, or a duration back (30m, 2h, 7d).")
+@click.option("--until", default=None, help="ISO time, or a duration back.")
+@click.option("--job", "job_id", default=None, help="Only this job's recommendations.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text",
+              show_default=True, help="json: one object per line; csv: one row each.")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+@_config_option
+@_db_option
+@_url_option
+def audit(since, until, job_id, fmt, as_json, config_path, db_path, url) -> None:
+    """The audit trail: each recommendation (stored before any action) with its
+    evidence, attribution, mode, timestamps and every step taken on Slurm.
+
+    \b
+    Example:
+        recovery-ctl audit --since 24h
+        recovery-ctl audit --job 4410
+        recovery-ctl audit --since 2026-11-01 --format csv > november.csv
+    """
+    recs = Client(config_path, db_path, url).call("audit", _parse_time(since),
+                                                  _parse_time(until), job_id)
+    fmt = "json" if as_json else fmt
+    if fmt == "json":
+        for rec in recs:
+            _dump(rec)
+        return
+    if fmt == "csv":
+        import csv
+        import io
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        writer.writerow(AUDIT_FIELDS)
+        for rec in recs:
+            row = []
+            for key in AUDIT_FIELDS:
+                value = rec.get(key)
+                if key == "steps":
+                    value = "; ".join(f"{s['step']}:{s['state']}" for s in value or [])
+                elif isinstance(value, (list, dict)):
+                    value = json.dumps(value, sort_keys=True)
+                row.append("" if value is None else value)
+            writer.writerow(row)
+        click.echo(buffer.getvalue(), nl=False)
+        return
+    for rec in recs:
         click.secho(f"#{rec['id']} job {rec['job_id'] or '-'} attempt {rec['attempt']}: "
                     f"{rec['action']} {','.join(rec['target_nodes'])} -> {rec['status']} "
                     f"(mode {rec['mode']}, rule {rec['rule']})", bold=True)
@@ -267,8 +670,8 @@ def audit(job_id: str | None, config_path, db_path, as_json: bool) -> None:
                 click.echo(f"    evidence: [{ev['pattern']}] {line['text'][:110]}")
         click.echo(f"    proposed {_when(rec['created'])}"
                    + (f", done {_when(rec['done_at'])}" if rec["done_at"] else "")
-                   + (f", error: {rec['error']}" if rec["error"] else ""))
-        for s in steps:
+                   + (f", note: {rec['error']}" if rec["error"] else ""))
+        for s in rec["steps"]:
             click.echo(f"      {_when(s['ts'])} {s['step']:<14} {s['state']:<8} {s['detail']}")
 
 
@@ -293,7 +696,11 @@ def watchdog(config_path, db_path, force: bool) -> None:
     from .agent import scheduler_for
     from .store import StoreLock
 
-    cfg, store = _open(config_path, db_path)
+    client = Client(config_path, db_path, None)
+    if client.service is None:
+        raise click.ClickException(f"watchdog: cannot read the store {client.cfg.store_path} "
+                                   "here (run it on the agent's host, or name it with --db)")
+    cfg, store = client.cfg, client.store
     beat = (store.get_state("heartbeat") or {}).get("time", 0)
     age = _time.time() - beat
     if not force and StoreLock(store.path).held_elsewhere() \
@@ -314,3 +721,38 @@ def watchdog(config_path, db_path, force: bool) -> None:
         click.echo(f"watchdog: released job {rec['job_id']} (recommendation #{pk}, "
                    f"{rec['status']})")
     click.echo(f"watchdog: {len(released)} job(s) released")
+
+
+@main.command()
+@_config_option
+@_json_option
+def check(config_path, as_json) -> None:
+    """Is this installation ready? Checks the config, the store, Slurm, the hooks
+    in slurm.conf, the SPANK plugin in plugstack, munge, the agent, the pattern
+    packs and the state dir, with one PASS/FAIL line each. Exits 1 on any FAIL
+    (WARN lines are optional parts).
+
+    \b
+    Example:
+        RECOVERY_CONFIG=/etc/slurm-recovery/recovery.toml recovery-ctl check
+    """
+    from .check import run_checks
+    from .config import load
+    try:
+        cfg = load(config_path)
+    except RecoveryError as exc:
+        click.echo(f"FAIL  config: {exc}")
+        raise SystemExit(1) from None
+    results = run_checks(cfg)
+    if as_json:
+        _dump([{"check": r.name, "result": r.word, "detail": r.detail} for r in results])
+    else:
+        width = max(len(r.name) for r in results)
+        for r in results:
+            click.echo(f"{r.word}  {r.name:<{width}}  {r.detail}")
+    failed = [r for r in results if r.word == "FAIL"]
+    if not as_json:
+        click.echo(f"{len(results) - len(failed)} of {len(results)} checks passed"
+                   + (f"; failed: {', '.join(r.name for r in failed)}" if failed else ""))
+    if failed:
+        raise SystemExit(1)

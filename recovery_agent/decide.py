@@ -52,7 +52,21 @@ class Decider:
                       interconnect_strikes=env.interconnect_strikes)
 
     def mode(self, spec: specs.RecoverySpec) -> str:
-        return effective_mode(self.cfg.environment(spec.env).mode, spec.mode)
+        """The environment's mode (as configured, or as changed at run time with
+        ``recovery-ctl mode``), lowered by the job's own directive."""
+        from .service import mode_overrides
+        env = spec.env if spec.env in self.cfg.environments else "default"
+        configured = mode_overrides(self.store).get(env, self.cfg.environment(env).mode)
+        return effective_mode(configured, spec.mode)
+
+    def scores(self, now: float) -> dict[str, float]:
+        """Every struck node's decayed lemon score."""
+        pol = self.cfg.policy
+        by_node: dict[str, list[tuple[float, float]]] = {}
+        for s in self.store.strikes(since=now - 10 * pol.lemon_half_life):
+            by_node.setdefault(s["node"], []).append((s["ts"], s["weight"]))
+        return {n: lemon_score(strikes, now, pol.lemon_half_life)
+                for n, strikes in by_node.items()}
 
     def history(self, job_pk: int, attempt: int, spec: specs.RecoverySpec,
                 job: Job | None, nodes: tuple[str, ...]) -> History:
@@ -82,14 +96,8 @@ class Decider:
         """Node facts for a decision; the failure being decided counts as a
         strike on its blamed nodes (it is stored with the decision)."""
         pol = self.cfg.policy
-        horizon = now - 10 * pol.lemon_half_life
-        by_node: dict[str, list[tuple[float, float]]] = {}
-        for s in self.store.strikes(since=horizon):
-            by_node.setdefault(s["node"], []).append((s["ts"], s["weight"]))
-        lemons = tuple(sorted(
-            n for n, strikes in by_node.items()
-            if pol.lemon_threshold and lemon_score(strikes, now, pol.lemon_half_life)
-            >= pol.lemon_threshold))
+        lemons = tuple(sorted(n for n, score in self.scores(now).items()
+                              if pol.lemon_threshold and score >= pol.lemon_threshold))
         window = now - pol.strike_window
         this = 1 if category == "interconnect" else 0
         ic = {n: this + sum(1 for s in self.store.strikes(n, since=window)

@@ -139,6 +139,7 @@ class Ingest:
         (the same job while it lives), else a new one awaiting its submit time."""
         found = self.jobs.peek(job["job_id"]) if self.jobs is not None else None
         if found is not None:
+            self.store.adopt_printable_id(cluster, found)
             return found
         if self.jobs is not None:
             self.jobs.refresh_soon()
@@ -245,6 +246,11 @@ class Ingest:
                 job = listed.get(row["job_id"])
                 if job is None or not job.submit_time:
                     continue
+                if job.job_id != row["job_id"]:
+                    self.store.adopt_printable_id(self.cluster, job)
+                    row = self.store.job(row["id"])
                 if self.store.find_job_exact(self.cluster, row["job_id"], job.submit_time):
                     continue
+                if row["job_id"] != job.job_id:
+                    continue   # its printable name is taken: leave it to the poller
                 self.store.db["jobs"].update(row["id"], {"submit_time": job.submit_time})

@@ -78,6 +78,10 @@ class Watcher:
         """Run one cycle; return how many detections it stored."""
         now = self.clock()
         listing = {j.job_id: j for j in self.scheduler.list_jobs()}
+        # array tasks a hook stored under their numeric id take the scheduler's name
+        for j in listing.values():
+            if j.array_task_id is not None:
+                self.store.adopt_printable_id(self.cfg.agent.cluster, j)
         self._register_comment_jobs(listing.values())
         self._sync(listing, now)
         found = self._scan(now)

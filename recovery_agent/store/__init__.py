@@ -94,6 +94,21 @@ class Store:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot record job {job.job_id}: {exc}") from None
 
+    def adopt_printable_id(self, cluster: str, job: Job) -> None:
+        """A node hook may name an array task by its numeric id (22.05's prolog
+        environment lacks the array variables); once the scheduler names it
+        (``1200_7``), the row stored under the numeric id takes that name."""
+        if job.array_task_id is None or str(job.numeric_id) == job.job_id:
+            return
+        old = list(self.db["jobs"].rows_where(
+            "cluster = ? and job_id = ? and array_task_id is null",
+            [cluster, str(job.numeric_id)], order_by="id desc", limit=1))
+        if not old or self.find_job(cluster, job.job_id) is not None:
+            return
+        self.db["jobs"].update(old[0]["id"], {
+            "job_id": job.job_id, "array_job_id": job.array_job_id,
+            "array_task_id": job.array_task_id, "numeric_id": job.numeric_id})
+
     def match_job(self, cluster: str, job: Job) -> dict | None:
         """The stored row of this job, if any.
 

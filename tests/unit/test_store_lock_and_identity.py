@@ -111,3 +111,16 @@ def test_second_agent_on_one_store_refuses_to_start(tmp_path):
         first.release()
     assert result.exit_code == 1
     assert "another recovery-agent" in result.output and str(os.getpid()) in result.output
+
+
+def test_array_task_stored_by_numeric_id_takes_its_printable_name(tmp_path):
+    store = Store(tmp_path / "r.db")
+    pk = store.record_job(Job(job_id="16", numeric_id=16, submit_time=0), "c1")
+    task = Job(job_id="12_3", numeric_id=16, array_job_id=12, array_task_id=3,
+               submit_time=1000)
+    store.adopt_printable_id("c1", task)
+    row = store.find_job("c1", "12_3")
+    assert row["id"] == pk and row["array_job_id"] == 12 and row["array_task_id"] == 3
+    assert store.record_job(task, "c1") == pk          # and the poller finds that row
+    store.adopt_printable_id("c1", task)                # idempotent
+    assert store.find_job("c1", "16") is None

@@ -1,0 +1,100 @@
+"""``GET /metrics``: the agent's state in Prometheus text format.
+
+The figures are read from the store at scrape time (a custom collector), so
+they survive agent restarts and never drift from the audit trail: detections
+by category, recommendations by action and status, detection and action
+latency histograms, tracked jobs, our drains, hook reports (by outcome, since
+this process started) and spool replays.
+"""
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily)
+
+from .scheduler.base import FINISHED_STATES
+from .store import Store
+
+LATENCY_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def _histogram(name: str, doc: str, values: list[float]) -> HistogramMetricFamily:
+    buckets, total = [], 0.0
+    for bound in LATENCY_BUCKETS:
+        buckets.append((str(bound), float(sum(1 for v in values if v <= bound))))
+    buckets.append(("+Inf", float(len(values))))
+    total = float(sum(values))
+    family = HistogramMetricFamily(name, doc)
+    family.add_metric([], buckets, total)
+    return family
+
+
+class StoreCollector:
+    def __init__(self, store: Store, counters=None) -> None:
+        self.store, self.counters = store, counters
+
+    def collect(self):
+        db = self.store.db
+        with self.store.lock:
+            detections = list(db.execute(
+                "select category, count(*) from detections group by category"))
+            recs = list(db.execute("select action, status, count(*) from recommendations "
+                                   "group by action, status"))
+            latencies = list(db.execute(
+                "select detected_at - failure_at, done_at - detected_at from recommendations "
+                "where scope = 'job' and detected_at is not null"))
+            finished = ", ".join(f"'{s}'" for s in sorted(FINISHED_STATES))
+            tracked = db.execute(f"select count(*) from jobs where state not in ({finished}, "
+                                 "'GONE')").fetchone()[0]
+            drained = db.execute("select count(*) from nodes where drained_by_us = 1"
+                                 ).fetchone()[0]
+            excluded = db.execute("select count(*) from nodes where excluded_by_operator = 1"
+                                  ).fetchone()[0]
+            reports = list(db.execute("select hook, count(*) from node_reports group by hook"))
+            replays = db.execute("select count(*) from node_reports where "
+                                 "received - created > 5").fetchone()[0]
+        family = CounterMetricFamily("recovery_detections", "Detections stored, by category",
+                                     labels=["category"])
+        for category, count in detections:
+            family.add_metric([category or "unknown"], count)
+        yield family
+        family = GaugeMetricFamily("recovery_recommendations",
+                                   "Recommendations in the store, by action and status",
+                                   labels=["action", "status"])
+        for action, status, count in recs:
+            family.add_metric([action, status], count)
+        yield family
+        yield _histogram("recovery_detection_latency_seconds",
+                         "From the failure's first evidence to the decision",
+                         [d for d, _ in latencies if d is not None and d >= 0])
+        yield _histogram("recovery_action_latency_seconds",
+                         "From the decision to the last Slurm step of a done recommendation",
+                         [a for _, a in latencies if a is not None and a >= 0])
+        yield GaugeMetricFamily("recovery_tracked_jobs", "Opted-in jobs not finished",
+                                value=tracked)
+        yield GaugeMetricFamily("recovery_drained_nodes", "Nodes drained by slurm-recovery",
+                                value=drained)
+        yield GaugeMetricFamily("recovery_excluded_nodes",
+                                "Nodes an operator excluded from retries", value=excluded)
+        family = CounterMetricFamily("recovery_hook_reports", "Node hook reports stored",
+                                     labels=["hook"])
+        for hook, count in reports:
+            family.add_metric([hook], count)
+        yield family
+        yield CounterMetricFamily("recovery_spool_replays",
+                                  "Hook reports that arrived over 5 s after they were "
+                                  "made (replayed from a node's spool)", value=replays)
+        if self.counters is not None:
+            family = CounterMetricFamily("recovery_ingest_requests",
+                                         "Hook requests since the agent started, by outcome",
+                                         labels=["outcome"])
+            with self.counters.lock:
+                for outcome, count in sorted(self.counters.values.items()):
+                    family.add_metric([outcome], count)
+            yield family
+
+
+def render(store: Store, counters=None) -> tuple[bytes, str]:
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(store, counters))
+    return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,357 @@
+"""What the API and ``recovery-ctl`` can ask and change, over the store.
+
+One place for the queries (jobs, timelines, nodes, recommendations, the audit
+trail) and the operator and Advisor actions (mode, exclude/include, ack,
+complete, cancel), with their rules: roles, ownership, stale claims. The HTTP
+layer (:mod:`recovery_agent.api_v1`) and ``recovery-ctl --db`` both call it,
+so the two can never disagree.
+"""
+from __future__ import annotations
+
+import grp
+import json
+import logging
+import pwd
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .config import MODES, Config
+from .errors import RecoveryError
+from .store import OPEN_STATUSES, Store
+
+log = logging.getLogger(__name__)
+MODE_OVERRIDES = "mode_overrides"
+STATUSES = ("proposed", "executing", "done", "failed", "expired", "would_have",
+            "blocked_by_budget", "released_by_watchdog", "cancelled")
+_JSON_KEYS = ("nodes", "target_nodes", "exclude", "pattern_ids", "evidence", "attribution",
+              "data", "last_health")
+
+
+class ServiceError(RecoveryError):
+    status = 400
+
+
+class BadRequest(ServiceError):
+    status = 400
+
+
+class Forbidden(ServiceError):
+    status = 403
+
+
+class NotFound(ServiceError):
+    status = 404
+
+
+class Conflict(ServiceError):
+    status = 409
+
+
+@dataclass(frozen=True)
+class Caller:
+    uid: int
+    name: str
+    admin: bool
+
+    def __str__(self) -> str:
+        return f"{self.name} (uid {self.uid}, {'admin' if self.admin else 'user'})"
+
+
+def mode_overrides(store: Store) -> dict[str, str]:
+    """Environment modes changed at run time (``recovery-ctl mode``), by env name."""
+    return dict(store.get_state(MODE_OVERRIDES, {}) or {})
+
+
+def role_of(cfg: Config, uid: int) -> Caller:
+    """The caller's role: admin by uid or group membership, else user."""
+    try:
+        entry = pwd.getpwuid(uid)
+        name, gid = entry.pw_name, entry.pw_gid
+    except KeyError:
+        name, gid = str(uid), None
+    admin = uid in cfg.admin_uids
+    for group in cfg.admin_groups:
+        if admin:
+            break
+        try:
+            found = grp.getgrnam(group)
+        except KeyError:
+            continue
+        admin = gid == found.gr_gid or name in found.gr_mem
+    return Caller(uid, name, admin)
+
+
+def decoded(row: dict) -> dict:
+    out = dict(row)
+    for key in _JSON_KEYS:
+        value = out.get(key)
+        if isinstance(value, str) and value[:1] in "[{":
+            try:
+                out[key] = json.loads(value)
+            except ValueError:
+                pass
+    return out
+
+
+class Service:
+    def __init__(self, cfg: Config, store: Store, clock=time.time) -> None:
+        self.cfg, self.store, self.clock = cfg, store, clock
+
+    # -- reads ---------------------------------------------------------------
+    def job_row(self, job_id: str) -> dict:
+        row = self.store.find_job(self.cfg.agent.cluster, job_id)
+        if row is None:
+            raise NotFound(f"job {job_id} is not tracked")
+        return row
+
+    def jobs(self, state: str | None = None, user: str | None = None,
+             env: str | None = None, limit: int = 500) -> list[dict]:
+        where, args = ["cluster = ?"], [self.cfg.agent.cluster]
+        for key, value in (("state", state), ("user", user), ("env", env)):
+            if value:
+                where.append(f'"{key}" = ?')
+                args.append(value)
+        rows = list(self.store.db["jobs"].rows_where(" and ".join(where), args,
+                                                     order_by="id desc", limit=limit))
+        for row in rows:
+            last = list(self.store.db["detections"].rows_where(
+                "job = ?", [row["id"]], order_by="id desc", limit=1))
+            row["last_detection"] = last[0]["category"] if last else None
+            recs = self.store.recommendations(job_pk=row["id"])
+            row["last_recommendation"] = (f"{recs[-1]['action']} {recs[-1]['status']}"
+                                          if recs else None)
+        return [decoded(r) for r in rows]
+
+    def array(self, array_id: str) -> list[dict]:
+        """The tasks of a job array (each tracked on its own), or [] when not an array."""
+        if not array_id.isdigit():
+            return []
+        rows = list(self.store.db["jobs"].rows_where(
+            "cluster = ? and array_job_id = ?", [self.cfg.agent.cluster, int(array_id)],
+            order_by="array_task_id"))
+        tasks = []
+        for task in rows:
+            recs = [r for r in self.store.recommendations(job_pk=task["id"])
+                    if r["scope"] == "job"]
+            tasks.append({"job_id": task["job_id"], "state": task["state"],
+                          "restarts": task["restart_count"],
+                          "recommendations": [f"#{r['id']} {r['action']} {r['status']}"
+                                              for r in recs]})
+        return tasks
+
+    def job(self, job_id: str) -> dict:
+        row = self.job_row(job_id)
+        return {"job": decoded(row), "attempts": self.store.attempts(row["id"]),
+                "detections": self.store.detections(row["id"]),
+                "recommendations": self.store.recommendations(job_pk=row["id"])}
+
+    def timeline(self, job_id: str) -> list[dict]:
+        """The job's events with each recommendation step merged in, in time order."""
+        row = self.job_row(job_id)
+        events = list(self.store.timeline(row["id"]))
+        for rec in self.store.recommendations(job_pk=row["id"]):
+            for step in self.store.steps(rec["id"]):
+                events.append({"id": None, "job": row["id"], "ts": step["ts"], "kind": "step",
+                               "attempt": rec["attempt"], "source": "actuator",
+                               "message": f"#{rec['id']} {step['step']} {step['state']}"
+                                          + (f" {step['detail']}" if step["detail"] else ""),
+                               "data": None})
+        events.sort(key=lambda e: e["ts"])
+        return events
+
+    def scores(self) -> dict[str, float]:
+        from .decide import Decider
+        return Decider(self.cfg, self.store).scores(self.clock())
+
+    def nodes(self) -> list[dict]:
+        scores = self.scores()
+        rows = [decoded(r) for r in self.store.db["nodes"].rows_where(order_by="name")]
+        known = {r["name"] for r in rows}
+        rows += [{"name": n, "drained_by_us": 0, "excluded_by_operator": 0}
+                 for n in scores if n not in known]
+        for row in rows:
+            row["suspect_score"] = scores.get(row["name"], 0.0)
+        return sorted(rows, key=lambda r: r["name"])
+
+    def node(self, name: str) -> dict:
+        row = self.store.node(name)
+        strikes = self.store.strikes(name)
+        if row is None and not strikes:
+            raise NotFound(f"node {name} is not known")
+        row = decoded(row or {"name": name})
+        row["suspect_score"] = self.scores().get(name, 0.0)
+        row["strikes"] = strikes
+        return row
+
+    def environments(self) -> dict[str, dict]:
+        overrides = mode_overrides(self.store)
+        return {name: {"configured": env.mode, "mode": overrides.get(name, env.mode),
+                       "max_restarts": env.max_restarts}
+                for name, env in self.cfg.environments.items()}
+
+    def recommendations(self, status: str | None = None, env: str | None = None,
+                        mode: str | None = None, job: str | None = None,
+                        limit: int = 500) -> list[dict]:
+        """Newest first."""
+        self.expire_claims()
+        if status and status not in STATUSES:
+            raise BadRequest(f"status must be one of {', '.join(STATUSES)}")
+        job_pk = self.job_row(job)["id"] if job else None
+        rows = self.store.recommendations(status, job_pk=job_pk)
+        rows = [r for r in rows if (not env or r["env"] == env)
+                and (not mode or r["mode"] == mode)]
+        return rows[::-1][:limit]
+
+    def recommendation(self, rec_id: int) -> dict:
+        if not self.store.db["recommendations"].count_where("id = ?", [rec_id]):
+            raise NotFound(f"no recommendation {rec_id}")
+        rec = self.store.rec(rec_id)
+        rec["steps"] = self.store.steps(rec_id)
+        return rec
+
+    def audit(self, since: float | None = None, until: float | None = None,
+              job: str | None = None) -> list[dict]:
+        """Every recommendation in the window (by creation time), with its steps."""
+        job_pk = self.job_row(job)["id"] if job else None
+        out = []
+        for rec in self.store.recommendations(job_pk=job_pk):
+            if since is not None and rec["created"] < since:
+                continue
+            if until is not None and rec["created"] > until:
+                continue
+            rec["steps"] = self.store.steps(rec["id"])
+            out.append(rec)
+        return out
+
+    # -- writes ----------------------------------------------------------------
+    def _audit(self, job_pk: int | None, who: Caller, verb: str, message: str,
+               **data: Any) -> None:
+        with self.store.lock, self.store.db.atomic():
+            self.store.add_event(job_pk, f"api_{verb}", f"{message} (by {who.name}, "
+                                 f"uid {who.uid})", source="api",
+                                 data={"uid": who.uid, "user": who.name, **data})
+        log.info("%s by uid %s: %s", verb, who.uid, message)
+
+    def _admin(self, who: Caller, what: str) -> None:
+        if not who.admin:
+            raise Forbidden(f"only admins {what} ({who} is not one)")
+
+    def _may_act(self, who: Caller, rec: dict) -> None:
+        if not who.admin and (rec.get("user") or "") != who.name:
+            raise Forbidden(f"recommendation {rec['id']} is for a job of "
+                            f"{rec.get('user') or 'another user'}; {who.name} may act only "
+                            "on their own jobs")
+
+    def set_mode(self, who: Caller, env: str, mode: str) -> dict:
+        self._admin(who, "change modes")
+        if env not in self.cfg.environments:
+            raise NotFound(f"no environment {env!r} in the config")
+        if mode not in MODES:
+            raise BadRequest(f"mode must be one of {', '.join(MODES)}")
+        overrides = mode_overrides(self.store)
+        before = overrides.get(env, self.cfg.environments[env].mode)
+        overrides[env] = mode
+        self.store.set_state(MODE_OVERRIDES, overrides)
+        self._audit(None, who, "mode", f"environment {env}: {before} -> {mode}", env=env,
+                    before=before, after=mode)
+        return {"env": env, "mode": mode, "before": before}
+
+    def exclude(self, who: Caller, name: str, reason: str) -> dict:
+        self._admin(who, "exclude nodes")
+        if not reason.strip():
+            raise BadRequest("a reason is required")
+        with self.store.lock, self.store.db.atomic():
+            self.store.set_node(name, excluded_by_operator=1)
+        self._audit(None, who, "exclude", f"node {name} excluded from retries: {reason}",
+                    node=name, reason=reason)
+        return {"node": name, "excluded": True}
+
+    def include(self, who: Caller, name: str) -> dict:
+        self._admin(who, "include nodes")
+        if self.store.node(name) is None:
+            raise NotFound(f"node {name} is not known")
+        with self.store.lock, self.store.db.atomic():
+            self.store.set_node(name, excluded_by_operator=0)
+        self._audit(None, who, "include", f"node {name} no longer excluded", node=name)
+        return {"node": name, "excluded": False}
+
+    def expire_claims(self) -> int:
+        now = self.clock()
+        rows = list(self.store.db["recommendations"].rows_where(
+            "mode = 'external' and status = 'executing' and claim_expires < ?", [now]))
+        for row in rows:
+            with self.store.lock, self.store.db.atomic():
+                self.store.update_rec(row["id"], status="proposed", claimed_by=None,
+                                      claim_expires=None)
+            self.store.add_step(row["id"], "claim_expired", "ok",
+                                f"claim of {row['claimed_by']}")
+        return len(rows)
+
+    def _moved_on(self, rec: dict) -> str:
+        if rec["job"] is None:
+            return ""
+        row = self.store.job(rec["job"])
+        if (row["restart_count"] or 0) > (rec["restart_at"] or 0):
+            return f"the job has restarted since (restart {row['restart_count']})"
+        return ""
+
+    def ack(self, who: Caller, rec_id: int) -> dict:
+        self.expire_claims()
+        rec = self.recommendation(rec_id)
+        self._may_act(who, rec)
+        if rec["mode"] != "external":
+            raise Conflict(f"recommendation {rec_id} is in {rec['mode']} mode; only external "
+                           "ones are claimed")
+        if rec["status"] != "proposed":
+            raise Conflict(f"recommendation {rec_id} is {rec['status']}"
+                           + (f", claimed by {rec['claimed_by']}" if rec["claimed_by"] else ""))
+        stale = self._moved_on(rec)
+        if stale:
+            with self.store.lock, self.store.db.atomic():
+                self.store.update_rec(rec_id, status="expired", error=stale)
+            raise Conflict(f"recommendation {rec_id} is stale: {stale}")
+        now, ttl = self.clock(), self.cfg.api.claim_ttl
+        claim = f"uid:{who.uid}"
+        with self.store.lock, self.store.db.atomic():
+            self.store.update_rec(rec_id, status="executing", claimed_by=claim,
+                                  claim_expires=now + ttl)
+        self.store.add_step(rec_id, "claimed", "ok", f"{who.name} until +{ttl:g}s")
+        self._audit(rec["job"], who, "ack", f"recommendation #{rec_id} claimed", rec=rec_id)
+        return {"id": rec_id, "status": "executing", "claimed_by": claim,
+                "claim_expires": now + ttl}
+
+    def complete(self, who: Caller, rec_id: int, outcome: str, detail: str = "") -> dict:
+        rec = self.recommendation(rec_id)
+        self._may_act(who, rec)
+        if outcome not in ("done", "failed"):
+            raise BadRequest("outcome must be done or failed")
+        if rec["status"] != "executing" or rec["mode"] != "external":
+            raise Conflict(f"recommendation {rec_id} is {rec['status']}, not claimed for "
+                           "external execution")
+        if rec["claimed_by"] != f"uid:{who.uid}" and not who.admin:
+            raise Forbidden(f"recommendation {rec_id} is claimed by {rec['claimed_by']}")
+        detail = detail[:2000]
+        with self.store.lock, self.store.db.atomic():
+            self.store.update_rec(rec_id, status=outcome, done_at=self.clock(),
+                                  error=detail if outcome == "failed" else None)
+        self.store.add_step(rec_id, "completed", "ok" if outcome == "done" else "failed",
+                            detail)
+        self._audit(rec["job"], who, "complete", f"recommendation #{rec_id} {outcome}",
+                    rec=rec_id, outcome=outcome)
+        return {"id": rec_id, "status": outcome}
+
+    def cancel(self, who: Caller, rec_id: int, reason: str = "") -> dict:
+        rec = self.recommendation(rec_id)
+        self._may_act(who, rec)
+        started = any(s["step"] not in ("claimed", "claim_expired") for s in rec["steps"])
+        if rec["status"] not in OPEN_STATUSES or started:
+            raise Conflict(f"recommendation {rec_id} is {rec['status']}"
+                           + (" and already acting on Slurm" if started else ""))
+        with self.store.lock, self.store.db.atomic():
+            self.store.update_rec(rec_id, status="cancelled",
+                                  error=f"cancelled by {who.name}"
+                                        + (f": {reason[:500]}" if reason else ""))
+        self._audit(rec["job"], who, "cancel", f"recommendation #{rec_id} cancelled",
+                    rec=rec_id)
+        return {"id": rec_id, "status": "cancelled"}

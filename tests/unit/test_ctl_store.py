@@ -1,0 +1,127 @@
+"""recovery-ctl's show/audit/mode/exclude verbs straight on a store (--db), and
+over HTTP against the agent's app (--url, served here by a thread)."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import threading
+
+import pytest
+from click.testing import CliRunner
+
+from recovery_agent.ctl import main as ctl
+from recovery_agent.scheduler.base import Job
+from recovery_agent.store import Store
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    config = tmp_path / "recovery.toml"
+    config.write_text(f'[agent]\ncluster = "c1"\nstate_dir = "{tmp_path}"\n'
+                      f'[api]\nauth = "none"\nadmin_uids = "{os.getuid()}"\n'
+                      '[environments.prod]\nmode = "monitor"\n')
+    monkeypatch.setenv("RECOVERY_CONFIG", str(config))
+    store = Store(tmp_path / "recovery.db")
+    job = Job(job_id="4410", numeric_id=4410, submit_time=1000, user="ana", name="llm",
+              state="FAILED", nodes=("node1", "node2"))
+    with store.lock:
+        pk = store.record_job(job, "c1", env="prod", mode="", spec="prod")
+        store.record_attempt(pk, job)
+        rec = store.add_recommendation({
+            "job": pk, "attempt": 0, "job_id": "4410", "scope": "job",
+            "action": "requeue_exclude", "rule": "hardware", "reason": "xid 79 on node2",
+            "target_nodes": ["node2"], "exclude": ["node2"], "mode": "action",
+            "status": "done", "restart_at": 0, "env": "prod", "user": "ana",
+            "pattern_ids": ["node.xid"], "detected_at": 1001.0, "done_at": 1001.7})
+        store.add_event(pk, "verdict", "node: gpu_hardware -> requeue_exclude (node2)",
+                        attempt=0)
+    store.add_step(rec, "requeue_hold", "started", "restart 0 -> 1")
+    store.add_step(rec, "requeue_hold", "ok", "restart 0 -> 1")
+    return tmp_path, store, rec
+
+
+def run(*args):
+    result = CliRunner().invoke(ctl, list(args), catch_exceptions=False)
+    return result
+
+
+def test_show_jobs_and_job_from_the_store(env):
+    tmp, _, rec = env
+    db = str(tmp / "recovery.db")
+    out = run("show", "jobs", "--db", db).output
+    header, line = out.splitlines()[:2]
+    assert header.split()[:4] == ["JOBID", "NAME", "USER", "STATE"]
+    assert line.split()[:4] == ["4410", "llm", "ana", "FAILED"]
+    shown = run("show", "job", "4410", "--db", db).output
+    assert "JobId=4410" in shown and f"Recommendation #{rec} [0] requeue_exclude node2" in shown
+    assert "requeue_hold ok" in shown          # steps merged into the timeline
+    data = json.loads(run("show", "job", "4410", "--db", db, "--json").output)
+    assert data["job"]["user"] == "ana" and data["recommendations"][0]["id"] == rec
+    missing = run("show", "job", "999", "--db", db)
+    assert missing.exit_code == 1 and "not tracked" in missing.output
+
+
+def test_audit_formats_and_window(env):
+    tmp, store, rec = env
+    db = str(tmp / "recovery.db")
+    text = run("audit", "--db", db).output
+    assert f"#{rec} job 4410" in text and "requeue_hold" in text
+    rows = list(csv.DictReader(io.StringIO(run("audit", "--db", db, "--format", "csv").output)))
+    assert rows[0]["action"] == "requeue_exclude" and rows[0]["user"] == "ana"
+    assert rows[0]["steps"] == "requeue_hold:started; requeue_hold:ok"
+    assert json.loads(run("audit", "--db", db, "--json").output.splitlines()[0])["id"] == rec
+    assert run("audit", "--db", db, "--since", "2999-01-01").output == ""
+    assert run("audit", "--db", db, "--since", "1h").output != ""   # made just now
+    bad = run("audit", "--db", db, "--since", "yesterdayish")
+    assert bad.exit_code == 2 and "ISO time" in bad.output
+
+
+def test_mode_and_exclude_straight_on_the_store_are_audited(env):
+    tmp, store, _ = env
+    db = str(tmp / "recovery.db")
+    changed = run("mode", "prod", "action", "--db", db)
+    assert changed.exit_code == 0 and "monitor -> action" in changed.output
+    cfg = json.loads(run("show", "config", "--db", db, "--json").output)
+    assert cfg["environments"]["prod"]["mode"] == "action"
+    assert run("exclude", "node3", "--reason", "flaps", "--db", db).exit_code == 0
+    nodes = run("show", "nodes", "--db", db).output
+    assert "node3" in nodes and "yes" in nodes
+    assert run("include", "node3", "--db", db).exit_code == 0
+    kinds = [e["kind"] for e in store.db["events"].rows_where("job is null")]
+    assert kinds == ["api_mode", "api_exclude", "api_include"]
+    refused = run("mode", "nope", "action", "--db", db)
+    assert refused.exit_code == 1 and "no environment" in refused.output
+
+
+def test_verbs_over_http_against_the_agent(env):
+    import uvicorn
+
+    from recovery_agent.api import create_app
+    from recovery_agent.config import load
+    from recovery_agent.ingest import Ingest
+    tmp, store, rec = env
+    app = create_app(load(), Ingest(store, "c1"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        pass
+    port = server.servers[0].sockets[0].getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        jobs = json.loads(run("show", "jobs", "--url", url, "--json").output)
+        assert [j["job_id"] for j in jobs] == ["4410"]
+        recs = run("show", "recommendations", "--url", url).output
+        assert "requeue_exclude" in recs and "done" in recs
+        assert run("mode", "prod", "external", "--url", url).exit_code == 0
+        conflict = run("cancel", str(rec), "--url", url)
+        assert conflict.exit_code == 1 and "HTTP 409" in conflict.output
+        audit = run("audit", "--url", url, "--job", "4410", "--json").output
+        assert json.loads(audit.splitlines()[0])["steps"][0]["step"] == "requeue_hold"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    down = run("show", "jobs", "--url", url)
+    assert down.exit_code == 1 and "not reachable" in down.output
