@@ -13,7 +13,7 @@ TEST_PORT      ?= 26817
 PYTEST_ARGS    ?=
 
 APT_PACKAGES := slurm-wlm slurmctld slurmd slurm-client munge libmunge2 libslurm-dev \
-                gcc make python3-venv python3-dev
+                gcc make python3-venv python3-dev chromium
 
 export PATH := $(BIN):$(PATH)
 

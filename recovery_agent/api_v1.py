@@ -72,6 +72,9 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
             raise HTTPException(400, "body must be a JSON object")
         return role_of(cfg, uid), data
 
+    from . import console
+    console.register(app, service, readable)
+
     # -- health and metrics ----------------------------------------------------
     @app.get("/healthz", tags=["health"])
     def healthz() -> JSONResponse:

@@ -115,12 +115,21 @@ class Service:
         rows = list(self.store.db["jobs"].rows_where(" and ".join(where), args,
                                                      order_by="id desc", limit=limit))
         for row in rows:
-            last = list(self.store.db["detections"].rows_where(
-                "job = ?", [row["id"]], order_by="id desc", limit=1))
-            row["last_detection"] = last[0]["category"] if last else None
-            recs = self.store.recommendations(job_pk=row["id"])
+            # what the agent concluded (the latest verdict), else what it last saw
+            verdict = list(self.store.db["events"].rows_where(
+                "job = ? and kind = 'verdict'", [row["id"]], order_by="id desc", limit=1))
+            category = json.loads(verdict[0]["data"] or "{}").get("category") \
+                if verdict else None
+            if category is None:
+                last = list(self.store.db["detections"].rows_where(
+                    "job = ?", [row["id"]], order_by="id desc", limit=1))
+                category = last[0]["category"] if last else None
+            row["last_detection"] = category
+            recs = [r for r in self.store.recommendations(job_pk=row["id"])
+                    if r["scope"] == "job"]
             row["last_recommendation"] = (f"{recs[-1]['action']} {recs[-1]['status']}"
                                           if recs else None)
+            row["effective_mode"] = self.effective_mode(row)
         return [decoded(r) for r in rows]
 
     def array(self, array_id: str) -> list[dict]:
@@ -140,8 +149,17 @@ class Service:
                                               for r in recs]})
         return tasks
 
+    def effective_mode(self, row: dict) -> str:
+        """The mode the job's decisions take now: its environment's (as changed at
+        run time), lowered by its own directive."""
+        from .policy import effective_mode
+        env = row["env"] if row["env"] in self.cfg.environments else "default"
+        configured = mode_overrides(self.store).get(env, self.cfg.environment(env).mode)
+        return effective_mode(configured, row["mode"] or None)
+
     def job(self, job_id: str) -> dict:
         row = self.job_row(job_id)
+        row["effective_mode"] = self.effective_mode(row)
         return {"job": decoded(row), "attempts": self.store.attempts(row["id"]),
                 "detections": self.store.detections(row["id"]),
                 "recommendations": self.store.recommendations(job_pk=row["id"])}
@@ -157,6 +175,15 @@ class Service:
                                "message": f"#{rec['id']} {step['step']} {step['state']}"
                                           + (f" {step['detail']}" if step["detail"] else ""),
                                "data": None})
+        for x in self.store.db["xids"].rows_where("job = ?", [row["id"]], order_by="id"):
+            report = self.store.db["node_reports"].get(x["report"]) if x["report"] else None
+            events.append({"id": None, "job": row["id"],
+                           "ts": report["received"] if report else (x["time"] or 0),
+                           "kind": "xid", "attempt": x["attempt"], "source": f"hooks/{x['node']}",
+                           "message": f"{x['kind'].upper()} {x['xid']} on {x['node']}"
+                                      + (f" GPU {x['gpu_index']}" if x["gpu_index"] is not None
+                                         else "") + f": {x['message'] or ''}",
+                           "data": {"raw": x["raw"], "node_time": x["time"]}})
         events.sort(key=lambda e: e["ts"])
         return events
 

@@ -18,6 +18,9 @@ from typing import Callable
 
 import pytest
 
+from recovery_agent.devcluster.inject import clear_node
+from recovery_agent.errors import SchedulerError
+
 from recovery_agent.devcluster.cluster import DevCluster
 from recovery_agent.devcluster.config import local_spec
 
@@ -154,3 +157,24 @@ def agent(devcluster):
 def job_row(agent, job_id: str):
     rows = agent.query("select id, env, mode, spec from jobs where job_id = ?", job_id)
     return rows[0] if rows else None
+
+
+@pytest.fixture
+def cleanup(devcluster):
+    """Nodes a test faulted: their XIDs cleared and any drain lifted afterwards."""
+    touched: list[tuple[str, AgentProcess | None]] = []
+    yield touched
+    sched = devcluster.scheduler()
+    for node, agent in touched:
+        clear_node(devcluster.lay, node)
+        try:
+            if sched.get_node(node).drained:
+                sched.resume_node(node)
+        except SchedulerError:
+            pass
+        if agent is not None and agent.db.exists():
+            with sqlite3.connect(agent.db, timeout=10) as conn:
+                conn.execute("update nodes set drained_by_us = 0 where name = ?", (node,))
+    if touched:
+        wait_for(lambda: all(n.available for n in sched.list_nodes()), 30,
+                 "every node available again")
