@@ -39,13 +39,29 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=exc.status)
 
-    def readable(request: Request) -> None:
-        if not token:
-            return
+    def readable(request: Request) -> Caller | None:
+        """Who reads: a munge-signed GET names a uid (a user then sees only their
+        own jobs); a bearer token, or no credential on an unexposed agent, is a
+        trusted reader (None)."""
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "munge" and given.strip():
+            if cfg.api.auth == "none":
+                return None
+            try:
+                uid = munge.verify_body(given.strip(), b"", cfg.api.munge_socket)
+            except munge.MungeError as exc:
+                raise HTTPException(401, f"munge: {exc}") from None
+            return role_of(cfg, uid)
+        if not token:
+            return None
         if scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token):
-            return
+            return None
         raise HTTPException(401, "a bearer token is required (api.read_token_file)")
+
+    def own(who: Caller | None, user: str | None, what: str) -> None:
+        if who is not None and not who.admin and (user or "") != who.name:
+            raise HTTPException(403, f"{what} belongs to {user or 'another user'}; "
+                                f"{who.name} may read only their own jobs")
 
     async def caller(request: Request) -> tuple[Caller, dict]:
         body = await request.body()
@@ -102,24 +118,29 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
     def jobs(request: Request, state: str | None = None, user: str | None = None,
              env: str | None = None, limit: int = Query(500, ge=1, le=10000)) -> dict:
         """Tracked jobs, newest first (array tasks are jobs of their own)."""
-        readable(request)
+        who = readable(request)
+        if who is not None and not who.admin:
+            user = who.name
         return {"jobs": service.jobs(state, user, env, limit)}
 
     @app.get("/v1/jobs/{job_id}", tags=["jobs"])
     def job(job_id: str, request: Request) -> dict:
         """One job: attempts, detections (with evidence lines) and recommendations;
         an array's id gives its tasks."""
-        readable(request)
+        who = readable(request)
         if store.find_job(cfg.agent.cluster, job_id) is None:
             tasks = service.array(job_id)
             if tasks:
                 return {"array_job_id": int(job_id), "tasks": tasks}
-        return service.job(job_id)
+        detail = service.job(job_id)
+        own(who, detail["job"]["user"], f"job {job_id}")
+        return detail
 
     @app.get("/v1/jobs/{job_id}/timeline", tags=["jobs"])
     def timeline(job_id: str, request: Request) -> dict:
         """The job's timeline: hook reports, detections, verdicts, decisions, steps."""
-        readable(request)
+        who = readable(request)
+        own(who, service.job_row(job_id)["user"], f"job {job_id}")
         return {"job": job_id, "events": service.timeline(job_id)}
 
     # -- nodes -----------------------------------------------------------------
@@ -166,13 +187,18 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
                         limit: int = Query(500, ge=1, le=10000)) -> dict:
         """Recommendations, newest first. A site controller polls
         ``?status=proposed&mode=external``, then acks, acts and completes."""
-        readable(request)
-        return {"recommendations": service.recommendations(status, env, mode, job, limit)}
+        who = readable(request)
+        rows = service.recommendations(status, env, mode, job, limit)
+        if who is not None and not who.admin:
+            rows = [r for r in rows if (r.get("user") or "") == who.name]
+        return {"recommendations": rows}
 
     @app.get("/v1/recommendations/{rec_id}", tags=["recommendations"])
     def recommendation(rec_id: int, request: Request) -> dict:
-        readable(request)
-        return service.recommendation(rec_id)
+        who = readable(request)
+        rec = service.recommendation(rec_id)
+        own(who, rec.get("user"), f"recommendation {rec_id}")
+        return rec
 
     @app.post("/v1/recommendations/{rec_id}/ack", tags=["recommendations"])
     async def ack(rec_id: int, request: Request) -> dict:

@@ -199,6 +199,14 @@ class Client:
             else:
                 headers["X-Recovery-Uid"] = str(os.getuid())
             headers["Content-Type"] = "application/json"
+        elif self.cfg.api.auth == "munge" and not self.cfg.api.read_token_file:
+            # a signed read: users see their own jobs, admins everything
+            from slurm_hooks import munge
+            try:
+                headers["Authorization"] = "Munge " + munge.sign_body(
+                    b"", self.cfg.api.munge_socket)
+            except munge.MungeError:
+                pass   # unsigned: a trusted reader on an unexposed agent
         elif self.cfg.api.read_token_file:
             try:
                 token = Path(self.cfg.api.read_token_file).read_text().strip()
@@ -757,3 +765,57 @@ def check(config_path, as_json) -> None:
                    + (f"; failed: {', '.join(r.name for r in failed)}" if failed else ""))
     if failed:
         raise SystemExit(1)
+
+
+@main.command()
+@click.option("--since", default="7d", show_default=True,
+              help="ISO time, or a duration back (24h, 7d).")
+@click.option("--until", default=None, help="ISO time, or a duration back [default: now].")
+@_config_option
+@_db_option
+@_json_option
+def report(since, until, config_path, db_path, as_json) -> None:
+    """Score monitor mode: each would_have recommendation against what humans did
+    in Slurm meanwhile (requeues, cancels, drains with their reasons). Prints the
+    agreement, precision and recall of node exclusions, and every case where the
+    two differ. Run it before switching an environment to action mode.
+
+    \b
+    Example:
+        recovery-ctl report --since 14d
+    """
+    from .agent import scheduler_for
+    from .report import build
+    client = Client(config_path, db_path, None)
+    if client.service is None:
+        raise click.ClickException(f"report: cannot read the store {client.cfg.store_path} "
+                                   "here (run it on the agent's host, or name it with --db)")
+    sched = scheduler_for(client.cfg)
+    if sched is None:
+        raise click.ClickException("report: Slurm is not reachable (node drains come from "
+                                   "sinfo)")
+    try:
+        nodes = sched.list_nodes()
+    except RecoveryError as exc:
+        raise click.ClickException(f"report: {exc}") from None
+    start, end = _parse_time(since), _parse_time(until) or time.time()
+    result = build(client.store, nodes, start, end)
+    if as_json:
+        _dump(result.as_dict())
+        return
+
+    def pct(value):
+        return "-" if value is None else f"{value * 100:.0f}%"
+    click.echo(f"window {_when(start)} .. {_when(end)}")
+    click.echo(f"would_have decisions compared: {result.compared}; agreed with what humans "
+               f"did: {result.agreed} ({pct(result.agreement)})")
+    click.echo(f"node exclusions: ours {sorted(result.our_nodes) or '-'}, drained by humans "
+               f"{sorted(result.human_nodes) or '-'}; precision {pct(result.precision)}, "
+               f"recall {pct(result.recall)}")
+    for node, why in sorted(result.human_nodes.items()):
+        click.echo(f"  human drain {node}: {why}")
+    if result.differ:
+        click.echo("differences:")
+        _table(result.differ, [("rec", "REC"), ("job", "JOBID"), ("attempt", "ATTEMPT"),
+                               ("would_have", "WOULD_HAVE"), ("nodes", "NODES"),
+                               ("humans", "HUMANS"), ("reason", "REASON")])

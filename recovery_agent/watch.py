@@ -131,6 +131,14 @@ class Watcher:
                 self.store.record_job(job, cluster, env=row["env"], mode=row["mode"],
                                       spec=row["spec"])
                 self.store.record_attempt(row["id"], job)
+                seen = (row["state"], row["restart_count"])
+                if seen != (job.state, job.restart_count) and row["state"] != "UNKNOWN":
+                    # Slurm's state changes, for the timeline
+                    self.store.add_event(row["id"], "slurm_state",
+                                         f"{row['state']} -> {job.state}"
+                                         + (f" ({job.reason})" if job.reason and
+                                            job.reason != "None" else ""),
+                                         attempt=job.restart_count, source="poller")
             watch = self.watches.get(row["id"])
             if job.is_finished:
                 if watch:

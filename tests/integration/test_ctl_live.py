@@ -49,3 +49,24 @@ def test_mode_change_through_the_api_is_signed_and_audited(agent):
         assert shown["environments"]["act"]["mode"] == "monitor"
     finally:
         ctl(agent, "mode", "act", "action", "--url", f"http://127.0.0.1:{agent.port}")
+
+
+def test_report_scores_monitor_mode_against_a_human_drain(agent, submit, devcluster,
+                                                          tmp_path, cleanup):
+    from tests.integration.conftest import job_row, wait_for
+    from tests.integration.test_recovery_live import final_rec, xid_under_job
+    job_id, _, bad = xid_under_job(submit, devcluster, tmp_path, cleanup, agent,
+                                   env="act:monitor")
+    rec = final_rec(agent, job_row(agent, job_id)[0])
+    assert rec["status"] == "would_have"
+    # the on-call human drains the node by hand, with a reason of their own
+    submit.runner.run(["scontrol", "update", f"nodename={bad}", "state=DRAIN",
+                       "reason=GPU 0 dead, ticket 77"])
+    wait_for(lambda: devcluster.scheduler().get_node(bad).drained, 15, "the human drain")
+    result = ctl(agent, "report", "--since", "1h", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert bad in report["our_nodes"] and "GPU 0 dead" in report["human_drains"][bad]
+    assert report["node_recall"] == 1.0 and report["compared"] >= 1
+    text = ctl(agent, "report", "--since", "1h").stdout
+    assert "precision" in text and "recall 100%" in text

@@ -219,3 +219,25 @@ def test_oversized_and_malformed_bodies(tmp_path):
 def test_unknown_status_filter_is_400(tmp_path, status):
     _, _, client = make(tmp_path)
     assert client.get("/v1/recommendations", params={"status": status}).status_code == 400
+
+
+def test_signed_reads_show_users_only_their_own_jobs(tmp_path, monkeypatch):
+    from slurm_hooks import munge
+    cfg, store, client = make(tmp_path)
+    cfg2 = from_mapping({"agent": {"cluster": "c1"}, "api": {"auth": "munge"},
+                         "environments": {"ext": {"mode": "external"}}})
+    client = TestClient(create_app(cfg2, Ingest(store, "c1")))
+    mine, theirs = add_job(store, "42"), add_job(store, "43", user="somebody")
+    add_rec(store, mine, "42")
+    add_rec(store, theirs, "43", user="somebody")
+    uid = {"cred-owner": OWNER, "cred-root": ADMIN}
+    monkeypatch.setattr(munge, "verify_body", lambda cred, body, socket="": uid[cred])
+    owner = {"Authorization": "Munge cred-owner"}
+    assert [j["job_id"] for j in client.get("/v1/jobs", headers=owner).json()["jobs"]] == ["42"]
+    assert client.get("/v1/jobs/43", headers=owner).status_code == 403
+    assert client.get("/v1/jobs/43/timeline", headers=owner).status_code == 403
+    recs = client.get("/v1/recommendations", headers=owner).json()["recommendations"]
+    assert [r["job_id"] for r in recs] == ["42"]
+    root = {"Authorization": "Munge cred-root"}
+    assert len(client.get("/v1/jobs", headers=root).json()["jobs"]) == 2
+    assert client.get("/v1/jobs/43", headers=root).status_code == 200
