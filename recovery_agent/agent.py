@@ -51,8 +51,8 @@ def start_watch(cfg: Config, store: Store, sched: Scheduler, ingest: Ingest,
     actuator = Actuator(cfg, store, sched)
     decider = Decider(cfg, store, sched)
     decider.on_new_work.append(actuator.wake.set)
-    watcher = Watcher(cfg, store, sched, scanner, Tailer(SqliteCursorStore(store)),
-                      decider=decider)
+    tailer = Tailer(SqliteCursorStore(store), allowed_roots=cfg.allowed_log_roots)
+    watcher = Watcher(cfg, store, sched, scanner, tailer, decider=decider)
     ingest.log_listeners.append(watcher.report_lines)
     stop = stop or threading.Event()
     threading.Thread(target=watcher.run_forever, args=(stop,), name="watch",

@@ -65,6 +65,9 @@ class AgentConfig:
     log_level: str = _doc("DEBUG, INFO, WARNING or ERROR.", default="INFO")
     patterns_dir: str = _doc("A directory of the site's own pattern packs (*.toml), "
                              "loaded after the shipped ones.", default="")
+    log_roots: str = _doc("Comma-separated directories job output may be read from "
+                          "(after resolving links); empty: anywhere. Symlinked log files "
+                          "are never followed.", default="")
 
 
 @dataclass(frozen=True)
@@ -217,6 +220,10 @@ class Config:
     @property
     def allowed_hook_uids(self) -> frozenset[int]:
         return frozenset(int(u) for u in self.api.hook_uids.split(",") if u.strip())
+
+    @property
+    def allowed_log_roots(self) -> tuple[str, ...]:
+        return tuple(r.strip() for r in self.agent.log_roots.split(",") if r.strip())
 
     @property
     def admin_uids(self) -> frozenset[int]:

@@ -72,6 +72,12 @@ class Watcher:
         self._report_lock = threading.Lock()
         self.cycles = 0
         self.detections = 0
+        # per-cycle work proportional to what changed, not to what is tracked:
+        self._stored: dict[int, tuple] = {}       # job row -> what was last written
+        self._listed_at: dict[int, float] = {}    # job row -> last time squeue listed it
+        self._judged: set[tuple[int, int]] = set()  # (job row, attempt) with a verdict
+        self._known: set[tuple[str, int]] = set()   # (job id, submit time) registered
+        self._seen_flushed = 0.0
 
     # -- one cycle -----------------------------------------------------------
     def cycle(self) -> int:
@@ -94,11 +100,16 @@ class Watcher:
     def _register_comment_jobs(self, jobs) -> None:
         cluster = self.cfg.agent.cluster
         for job in jobs:
+            key = (job.job_id, job.submit_time or 0)
+            if key in self._known:
+                continue
             raw = specs.from_comment(job.comment)
             if raw is None or job.is_finished or job.array_task_spec:
                 continue
             if self.store.match_job(cluster, job):
+                self._known.add(key)
                 continue
+            self._known.add(key)
             try:
                 spec = specs.parse(raw)
             except specs.SpecError as exc:
@@ -118,15 +129,24 @@ class Watcher:
         for row in self.store.jobs():
             if row["cluster"] != cluster:
                 continue
+            last_seen = max(row["last_seen"] or 0, self._listed_at.get(row["id"], 0))
             if row["state"] in FINISHED_STATES and (
-                    now - (row["last_seen"] or 0) > GONE_AFTER
+                    now - last_seen > GONE_AFTER
                     or not self._needs_verdict(row["id"], row["restart_count"])):
                 continue
             job = listing.get(row["job_id"])
             if job is None:
-                if now - (row["last_seen"] or now) > GONE_AFTER:
+                if now - (last_seen or now) > GONE_AFTER:
                     self._end(row["id"], "GONE")
                 continue
+            self._listed_at[row["id"]] = now
+            stored = (job.state, job.restart_count, job.nodes, job.batch_host, job.start_time,
+                      job.end_time, job.exit_code, job.exit_signal, job.submit_time, job.name,
+                      job.user)
+            if self._stored.get(row["id"]) == stored and row["state"] == job.state:
+                self._follow(row, job, now)
+                continue
+            self._stored[row["id"]] = stored
             with self.store.lock:
                 self.store.record_job(job, cluster, env=row["env"], mode=row["mode"],
                                       spec=row["spec"])
@@ -139,20 +159,35 @@ class Watcher:
                                          + (f" ({job.reason})" if job.reason and
                                             job.reason != "None" else ""),
                                          attempt=job.restart_count, source="poller")
-            watch = self.watches.get(row["id"])
-            if job.is_finished:
-                if watch:
-                    self._finish(watch, now, job)
-                elif self._needs_verdict(row["id"], job.restart_count):
-                    # it ran and ended between two polls: read its output this
-                    # cycle, judge it next cycle (with the node reports)
-                    self._start(row, job, now)
-                continue
-            if watch is not None and watch.attempt != job.restart_count:
-                self._finish(watch, now, job)  # requeued: that attempt is over
-                watch = None
-            if job.state == "RUNNING" and watch is None:
+            self._follow(row, job, now)
+        self._flush_last_seen(now)
+
+    def _flush_last_seen(self, now: float, every: float = 60.0) -> None:
+        """Jobs listed but unchanged are not rewritten each cycle; their
+        last_seen is brought up to date in one statement now and then."""
+        if now - self._seen_flushed < every or not self._listed_at:
+            return
+        self._seen_flushed = now
+        with self.store.lock, self.store.db.atomic():
+            self.store.db.conn.executemany("update jobs set last_seen = ? where id = ?",
+                                           [(t, pk) for pk, t in self._listed_at.items()])
+
+    def _follow(self, row: dict, job: Job, now: float) -> None:
+        """Start, renew or end the watch of one listed job."""
+        watch = self.watches.get(row["id"])
+        if job.is_finished:
+            if watch:
+                self._finish(watch, now, job)
+            elif self._needs_verdict(row["id"], job.restart_count):
+                # it ran and ended between two polls: read its output this
+                # cycle, judge it next cycle (with the node reports)
                 self._start(row, job, now)
+            return
+        if watch is not None and watch.attempt != job.restart_count:
+            self._finish(watch, now, job)  # requeued: that attempt is over
+            watch = None
+        if job.state == "RUNNING" and watch is None:
+            self._start(row, job, now)
 
     def _start(self, row: dict, job: Job, now: float) -> None:
         watch = self._new_watch(row, job, now)
@@ -181,10 +216,14 @@ class Watcher:
                             nodes=job.nodes)
 
     def _needs_verdict(self, job_pk: int, attempt: int) -> bool:
+        if (job_pk, attempt) in self._judged:
+            return False
         if any(w.job_pk == job_pk and w.attempt == attempt for w, _, _ in self.closing):
             return False
         done = self.store.db["events"].count_where(
             "job = ? and attempt = ? and kind = 'verdict'", [job_pk, attempt])
+        if done:
+            self._judged.add((job_pk, attempt))
         return done == 0
 
     def _finish(self, watch: AttemptWatch, now: float, job: Job | None = None) -> None:
@@ -233,6 +272,7 @@ class Watcher:
                  "attempt": watch.attempt, "source": "attribution", "data": data}
         log.info("job=%s attempt=%s verdict blame=%s action=%s nodes=%s", watch.job_id,
                  watch.attempt, verdict.blame, verdict.action, ",".join(verdict.nodes))
+        self._judged.add((watch.job_pk, watch.attempt))
         # decide only while Slurm still shows this attempt: one requeued by
         # someone else (or gone) is recorded, not acted on
         if self.decider is not None and job is not None and job.restart_count == watch.attempt:

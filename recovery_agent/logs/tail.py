@@ -48,7 +48,20 @@ FILE_BUDGET = 1 << 20        # bytes read from one file in one poll
 READ_BUDGET = 16 << 20       # bytes read from all files in one poll
 CHUNK = 256 * 1024           # one pread
 MAX_REPORT_LINES = 10_000    # log lines taken from one node report
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+# O_NOFOLLOW: a log replaced by a symlink (to /etc/shadow, say) is never read
+_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+               | getattr(os, "O_NOFOLLOW", 0))
+
+
+class NotFollowed(OSError):
+    """A path the tailer will not read: a symlink, or outside the allowed roots."""
+
+
+def _lstat(path: str) -> os.stat_result:
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise NotFollowed(f"{path} is a symbolic link; not followed")
+    return st
 
 Cursor = tuple[int, int, int]  # (inode, offset, lineno)
 
@@ -157,7 +170,8 @@ class Tailer:
 
     def __init__(self, cursor_store: CursorStore | None = None, *, max_open: int = 256,
                  max_line: int = MAX_LINE, file_budget: int = FILE_BUDGET,
-                 read_budget: int = READ_BUDGET, save_interval: float = 5.0) -> None:
+                 read_budget: int = READ_BUDGET, save_interval: float = 5.0,
+                 allowed_roots: tuple[str, ...] = ()) -> None:
         if min(max_open, max_line, file_budget, read_budget) < 1:
             raise ValueError("max_open, max_line and the budgets must be positive")
         self.max_open = max_open
@@ -168,6 +182,8 @@ class Tailer:
         self._store = cursor_store
         self._cursors = cursor_store.load_all() if cursor_store else {}
         self._watches: dict[str, _Watch] = {}
+        self.allowed_roots = tuple(os.path.realpath(r) for r in allowed_roots if r)
+        self.refused: dict[str, str] = {}
         self._open: OrderedDict[str, _Watch] = OrderedDict()  # least recently used first
         self._polls = 0
         self._last_save = time.monotonic()
@@ -177,6 +193,15 @@ class Tailer:
         """Follow ``path``, tagging its lines with ``key``; resume at its saved
         cursor if there is one."""
         path = os.fspath(path)
+        if self.allowed_roots:
+            real = os.path.realpath(path)
+            if not any(real == root or real.startswith(root.rstrip("/") + "/")
+                       for root in self.allowed_roots):
+                if path not in self.refused:
+                    log.warning("not following %s: outside the allowed log roots (%s)",
+                                path, ", ".join(self.allowed_roots))
+                self.refused[path] = "outside the allowed log roots"
+                return
         watch = self._watches.get(path)
         if watch is not None:
             watch.key = key
@@ -224,7 +249,7 @@ class Tailer:
         any_behind = False
         for w in self._watches.values():
             try:
-                st = os.stat(w.path)
+                st = _lstat(w.path)
             except FileNotFoundError:
                 w.error = None
                 if w.fd is not None:  # deleted: read what its descriptor still has
@@ -261,7 +286,7 @@ class Tailer:
             return []
         out: list[LogLine] = []
         try:
-            st = os.stat(watch.path)
+            st = _lstat(watch.path)
         except FileNotFoundError:
             st = None
         except OSError as exc:

@@ -29,6 +29,7 @@ class CliScheduler:
 
     def __init__(self, runner: SlurmRunner | None = None) -> None:
         self.runner = runner or SlurmRunner()
+        self._parsed: dict = {}   # unchanged squeue records are not parsed twice
 
     # -- viability ---------------------------------------------------------
     def probe(self) -> Probe:
@@ -59,7 +60,8 @@ class CliScheduler:
     def list_jobs(self, job_ids: Iterable[str] | None = None) -> list[Job]:
         # 22.05 ignores -j with --json, so the filter is always applied here; one
         # call per cycle either way.
-        jobs = parse_squeue(self._json(["squeue", "--json", "--all", "--states=all"]))
+        jobs = parse_squeue(self._json(["squeue", "--json", "--all", "--states=all"]),
+                            self._parsed)
         if job_ids is None:
             return jobs
         wanted = {str(j) for j in job_ids}

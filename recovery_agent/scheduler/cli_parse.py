@@ -201,10 +201,37 @@ def _with_output_paths(job: Job, raw: Mapping[str, Any], version: tuple[int, int
     return replace(job, stdout=stdout, stderr=stderr or stdout)
 
 
-def parse_squeue(doc: Mapping[str, Any]) -> list[Job]:
-    """Every job in a ``squeue --json`` (or ``scontrol --json show job``) document."""
+# Every field job_from_json reads: a record whose values are all unchanged since
+# the last listing gives the same Job, so it need not be parsed again.
+_JOB_FIELDS = ("job_id", "array_job_id", "array_task_id", "array_task_string", "job_state",
+               "exit_code", "state_reason", "hold", "name", "nodes", "batch_host",
+               "excluded_nodes", "restart_cnt", "submit_time", "start_time", "end_time",
+               "user_name", "comment", "partition", "cluster", "current_working_directory",
+               "requeue", "standard_output", "standard_error", "stdout_expanded",
+               "stderr_expanded")
+
+
+def parse_squeue(doc: Mapping[str, Any], cache: dict | None = None) -> list[Job]:
+    """Every job in a ``squeue --json`` (or ``scontrol --json show job``) document.
+
+    With ``cache`` (a dict the caller keeps between calls), records unchanged
+    since the previous call are not parsed again; the cache is left holding
+    this call's records only."""
     version = slurm_version(doc)
-    return [job_from_json(raw, version) for raw in doc.get("jobs") or []]
+    raws = doc.get("jobs") or []
+    if cache is None:
+        return [job_from_json(raw, version) for raw in raws]
+    jobs, fresh = [], {}
+    for raw in raws:
+        key = repr((version, *(raw.get(f) for f in _JOB_FIELDS)))
+        job = cache.get(key)
+        if job is None:
+            job = job_from_json(raw, version)
+        fresh[key] = job
+        jobs.append(job)
+    cache.clear()
+    cache.update(fresh)
+    return jobs
 
 
 def node_from_json(raw: Mapping[str, Any]) -> Node:

@@ -171,3 +171,26 @@ def test_expand_output_path_for_array_task():
         "/scratch/alice/o-1200_7-1234-007-7.txt"
     assert expand_output_path("", task, default="slurm-%A_%a.out") == \
         "/scratch/alice/slurm-1200_7.out"
+
+
+def test_cached_parse_gives_the_same_jobs_and_reparses_only_changes():
+    import copy
+
+    from recovery_agent.scheduler import cli_parse
+    from tests.conftest import slurm_fixture
+    doc = slurm_fixture("22.05", "squeue_all.json")
+    cache: dict = {}
+    first = cli_parse.parse_squeue(doc, cache)
+    assert first == cli_parse.parse_squeue(doc)
+    changed = copy.deepcopy(doc)
+    changed["jobs"][0]["restart_cnt"] = 7
+    calls = []
+    real = cli_parse.job_from_json
+    cli_parse.job_from_json = lambda raw, v: calls.append(raw["job_id"]) or real(raw, v)
+    try:
+        second = cli_parse.parse_squeue(changed, cache)
+    finally:
+        cli_parse.job_from_json = real
+    assert calls == [changed["jobs"][0]["job_id"]]          # only the changed record
+    assert second[0].restart_count == 7 and second[1:] == first[1:]
+    assert len(cache) == len(doc["jobs"])

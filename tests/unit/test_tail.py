@@ -355,3 +355,33 @@ def test_a_rotation_that_uses_up_the_budget_reads_the_new_file_next_poll(tmp_pat
     write(path, "new\n")
     assert texts(t.poll()) == ["0123456"] and t.backlog == 1
     assert [(l.lineno, l.text) for l in t.poll()] == [(1, "new")]
+
+
+def test_log_swapped_for_a_symlink_is_not_read(tmp_path):
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$secret:19000:0:99999:7:::\n")
+    log = tmp_path / "job.out"
+    log.write_text("step 1\n")
+    tailer = Tailer(MemoryCursorStore())
+    tailer.add(log, "k")
+    assert [l.text for l in tailer.poll()] == ["step 1"]
+    log.unlink()
+    log.symlink_to(secret)
+    lines = tailer.poll() + tailer.poll()
+    assert all("secret" not in l.text for l in lines)
+    assert "symbolic link" in tailer.errors[str(log)]
+
+
+def test_paths_outside_the_allowed_roots_are_not_followed(tmp_path):
+    inside, outside = tmp_path / "scratch", tmp_path / "etc"
+    inside.mkdir()
+    outside.mkdir()
+    (outside / "passwd").write_text("root:x:0:0\n")
+    (inside / "ok.out").write_text("step 1\n")
+    (inside / "sneaky.out").symlink_to(outside / "passwd")    # a link out of the root
+    tailer = Tailer(MemoryCursorStore(), allowed_roots=(str(inside),))
+    tailer.add(inside / "ok.out", "a")
+    tailer.add(inside / "sneaky.out", "b")
+    tailer.add(outside / "passwd", "c")
+    assert [(l.key, l.text) for l in tailer.poll()] == [("a", "step 1")]
+    assert set(tailer.refused) == {str(inside / "sneaky.out"), str(outside / "passwd")}
