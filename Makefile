@@ -61,6 +61,7 @@ bench: deps build
 	$(BIN)/python -m tests.benchmarks.bench_scanner | tee docs/benchmarks-scanner.md
 	$(BIN)/python -m tests.benchmarks.bench_tail --out docs/benchmarks-tail.md
 	$(BIN)/python -m tests.benchmarks.bench_recovery --out docs/benchmarks-recovery.md
+	$(BIN)/python -m tests.benchmarks.bench_scale --out docs/benchmarks-scale.md
 
 demo: deps build
 	DEMO_STATE_DIR=$(DEMO_STATE_DIR) bash contrib/demo/demo.sh

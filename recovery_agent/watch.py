@@ -78,6 +78,7 @@ class Watcher:
         self._judged: set[tuple[int, int]] = set()  # (job row, attempt) with a verdict
         self._known: set[tuple[str, int]] = set()   # (job id, submit time) registered
         self._seen_flushed = 0.0
+        self._path_users: dict[str, int] = {}       # followed path -> watches using it
 
     # -- one cycle -----------------------------------------------------------
     def cycle(self) -> int:
@@ -195,6 +196,7 @@ class Watcher:
         for path in watch.paths:
             self.tailer.add(path, watch.key)
             watch.streams[path] = self.scanner.stream(path)
+            self._path_users[path] = self._path_users.get(path, 0) + 1
         self.watches[row["id"]] = watch
         if job.restart_count:
             with self.store.lock:
@@ -237,7 +239,9 @@ class Watcher:
         self.closing.append((watch, job, now + EPILOG_GRACE))
         self.watches.pop(watch.job_pk, None)
         for path in watch.paths:
-            if not any(path in w.paths for w in self.watches.values()):
+            self._path_users[path] = self._path_users.get(path, 1) - 1
+            if self._path_users[path] <= 0:
+                del self._path_users[path]
                 self.tailer.remove(path)
 
     def _close_attempts(self, now: float) -> None:

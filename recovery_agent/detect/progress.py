@@ -394,6 +394,8 @@ class StragglerDetector:
 
     def check(self, now: float) -> list[Detection]:
         """New straggler detections (usually none)."""
+        if not self._samples:
+            return []
         medians = self.medians(now)
         found = []
         for key, mine in medians.items():

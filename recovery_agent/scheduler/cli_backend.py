@@ -17,6 +17,11 @@ from .base import Job, Node, Probe
 from .cli_parse import parse_nodes, parse_squeue
 from .runner import SlurmRunner
 
+try:   # orjson (the "fast" extra) parses a 10,000-job squeue listing ~3x faster
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - depends on the install
+    _loads = json.loads
+
 _JOB_MISSING = re.compile(r"invalid job id|job id .* not found|no such job", re.I)
 _NODE_MISSING = re.compile(r"invalid node name|node .* not found", re.I)
 REQUIRED_COMMANDS = ("squeue", "sinfo", "scontrol", "scancel")
@@ -51,9 +56,10 @@ class CliScheduler:
     def _json(self, argv: list[str]) -> dict:
         proc = self.runner.run(argv)
         try:
-            return json.loads(proc.stdout)
-        except json.JSONDecodeError as exc:
-            raise SchedulerError(f"{' '.join(argv)}: output is not JSON ({exc.msg})",
+            return _loads(proc.stdout)
+        except ValueError as exc:
+            raise SchedulerError(f"{' '.join(argv)}: output is not JSON "
+                                 f"({getattr(exc, 'msg', None) or exc})",
                                  argv=argv, returncode=proc.returncode,
                                  stderr=proc.stderr) from None
 

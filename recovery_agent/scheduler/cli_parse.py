@@ -223,7 +223,11 @@ def parse_squeue(doc: Mapping[str, Any], cache: dict | None = None) -> list[Job]
         return [job_from_json(raw, version) for raw in raws]
     jobs, fresh = [], {}
     for raw in raws:
-        key = repr((version, *(raw.get(f) for f in _JOB_FIELDS)))
+        key = (version, *[raw.get(f) for f in _JOB_FIELDS])
+        try:
+            hash(key)
+        except TypeError:   # 23.x+ wraps numbers in dicts
+            key = repr(key)
         job = cache.get(key)
         if job is None:
             job = job_from_json(raw, version)

@@ -11,12 +11,14 @@ file. The CLI backend parses that JSON through a runner that serves it instead
 of forking squeue, so parsing is measured, and Slurm calls are counted.
 ``--active`` files (2,000 by default, all when N is smaller) grow at about one
 line per second each, written by a separate process; one job in 500 fails per
-cycle (a CUDA error line, then FAILED), so decisions are part of the load.
+cycle (a CUDA error line, then FAILED), so verdicts and decisions are part of
+the load (judged 1 s after the end: no epilog reports come here).
 
 Per size, each in a fresh process: CPU seconds and wall seconds per cycle
 (median over ``--cycles`` after two warm-up cycles; the first one registers
-every job), RSS at the end, store bytes per 1,000 job-attempts, and Slurm
-calls per cycle. Growth exponents are fitted between sizes
+every job), peak RSS over the measured cycles (VmHWM, reset after set-up, so
+it includes parsing each squeue listing), store bytes per 1,000 job-attempts,
+and Slurm calls per cycle. Growth exponents are fitted between sizes
 (``log(ratio of figure) / log(ratio of jobs)``: 1 is linear).
 """
 from __future__ import annotations
@@ -26,11 +28,9 @@ import copy
 import json
 import math
 import multiprocessing
-import os
+
 import random
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,8 +41,29 @@ FIXTURES = REPO / "tests" / "fixtures" / "slurm" / "22.05"
 CYCLE_S = 2.0
 
 
-def build_inputs(n: int, logs: Path) -> tuple[str, str, list[str]]:
-    """(squeue JSON, sinfo JSON, output paths) for n running jobs on 2n nodes."""
+class Listing:
+    """The squeue document kept as one JSON text per job, so that failing a few
+    jobs rewrites those few records (the benchmark's own work stays small)."""
+
+    def __init__(self, doc: dict) -> None:
+        jobs = doc.pop("jobs")
+        self.head = json.dumps(doc)[:-1] + ', "jobs": ['
+        self.records = [json.dumps(j) for j in jobs]
+        self.index = {j["job_id"]: i for i, j in enumerate(jobs)}
+
+    def fail(self, ids: set[int]) -> None:
+        for job_id in ids:
+            i = self.index[job_id]
+            record = json.loads(self.records[i])
+            record.update(job_state="FAILED", exit_code=256)
+            self.records[i] = json.dumps(record)
+
+    def text(self) -> str:
+        return self.head + ",".join(self.records) + "]}"
+
+
+def build_inputs(n: int, logs: Path) -> tuple[Listing, str, list[str]]:
+    """(squeue listing, sinfo JSON, output paths) for n running jobs on 2n nodes."""
     squeue = json.loads((FIXTURES / "squeue_all.json").read_text())
     sinfo = json.loads((FIXTURES / "sinfo.json").read_text())
     template = next(j for j in squeue["jobs"] if j["job_state"] == "RUNNING")
@@ -67,16 +88,15 @@ def build_inputs(n: int, logs: Path) -> tuple[str, str, list[str]]:
                      "state_flags": [], "reason": "", "partitions": ["gpu"]})
         nodes.append(node)
     squeue["jobs"], sinfo["nodes"] = jobs, nodes
-    return json.dumps(squeue), json.dumps(sinfo), paths
+    return Listing(squeue), json.dumps(sinfo), paths
 
 
-def fail_jobs(squeue_text: str, ids: set[int]) -> str:
-    data = json.loads(squeue_text)
-    for job in data["jobs"]:
-        if job["job_id"] in ids:
-            job["job_state"] = "FAILED"
-            job["exit_code"] = 256
-    return json.dumps(data)
+def _rss_mb(field: str) -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def writer(paths: list[str], stop_at: float, seed: int) -> None:
@@ -104,27 +124,33 @@ def run_size(n: int, cycles: int, active: int, out: multiprocessing.Queue) -> No
     from recovery_agent.logs.tail import SqliteCursorStore, Tailer
     from recovery_agent.scheduler.cli_backend import CliScheduler
     from recovery_agent.scheduler.runner import SlurmRunner
+    from recovery_agent import watch as watch_mod
     from recovery_agent.store import Store
     from recovery_agent.watch import Watcher
+
+    # no node hooks run here: a failed job is judged 1 s after it ends, not after
+    # the 15 s wait for epilog reports, so its decision falls in the measured cycles
+    watch_mod.EPILOG_GRACE = 1.0
 
     tmp = Path(tempfile.mkdtemp(prefix=f"recovery-scale-{n}-"))
     logs = tmp / "logs"
     logs.mkdir()
-    squeue_text, sinfo_text, paths = build_inputs(n, logs)
+    listing, sinfo_text, paths = build_inputs(n, logs)
     for path in paths:
         Path(path).write_text("[rank0] iteration        1/ 500000 | lm loss: 2.5E+00\n")
 
-    class ServedRunner(SlurmRunner):
-        """The argv seam, answering from the built JSON instead of forking squeue."""
-
-        def run(self, argv, timeout=None, check=True):
-            with self._lock:
-                self.calls[argv[0]] = self.calls.get(argv[0], 0) + 1
-            text = served["squeue"] if argv[0] == "squeue" else served["sinfo"]
-            return subprocess.CompletedProcess(list(argv), 0, text, "")
-
-    served = {"squeue": squeue_text, "sinfo": sinfo_text}
-    runner = ServedRunner()
+    # squeue and sinfo are small scripts printing the built JSON: the agent forks
+    # and reads them through its real argv seam, as it would the real commands
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir()
+    for name in ("squeue", "sinfo", "scontrol", "scancel"):
+        script = bin_dir / name
+        script.write_text(f"#!/bin/sh\nexec cat {tmp / (name + '.json')}\n")
+        script.chmod(0o755)
+    (tmp / "squeue.json").write_text(listing.text())
+    (tmp / "sinfo.json").write_text(sinfo_text)
+    del sinfo_text
+    runner = SlurmRunner(bin_dir=str(bin_dir))
     sched = CliScheduler(runner)
     cfg = from_mapping({"agent": {"cluster": "scale", "state_dir": str(tmp)},
                         "environments": {"prod": {"mode": "monitor"}}})
@@ -140,6 +166,11 @@ def run_size(n: int, cycles: int, active: int, out: multiprocessing.Queue) -> No
     failed: set[int] = set()
     for cycle in range(cycles + 2):
         begun = time.monotonic()
+        if cycle == 2:   # peak RSS from here on: the agent's, not the set-up's
+            import gc
+            gc.collect()
+            with open("/proc/self/clear_refs", "w") as fh:
+                fh.write("5")
         if cycle >= 2:   # a few jobs fail: a CUDA error in the log, then FAILED in squeue
             pick = {100000 + rng.randrange(n) for _ in range(max(1, n // 500))} - failed
             for job_id in pick:
@@ -147,7 +178,10 @@ def run_size(n: int, cycles: int, active: int, out: multiprocessing.Queue) -> No
                     fh.write("RuntimeError: CUDA error: an illegal memory access was "
                              "encountered\n")
             failed |= pick
-            served["squeue"] = fail_jobs(served["squeue"], pick)
+            listing.fail(pick)
+            tmp_text = tmp / "squeue.json.new"
+            tmp_text.write_text(listing.text())
+            tmp_text.replace(tmp / "squeue.json")
         before_calls = runner.total_calls()
         c0, w0 = time.process_time(), time.monotonic()
         watcher.cycle()
@@ -163,7 +197,7 @@ def run_size(n: int, cycles: int, active: int, out: multiprocessing.Queue) -> No
     size = (tmp / "recovery.db").stat().st_size
     out.put({"jobs": n, "active_files": min(active, n),
              "cpu_s": statistics.median(cpu), "wall_s": statistics.median(wall),
-             "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+             "rss_mb": _rss_mb("VmHWM"), "rss_now_mb": _rss_mb("VmRSS"),
              "store_bytes_per_1000_attempts": size / max(attempts, 1) * 1000,
              "slurm_calls_per_cycle": statistics.median(calls),
              "decisions": store.db["events"].count_where("kind = 'verdict'"),
