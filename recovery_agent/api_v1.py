@@ -101,9 +101,13 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
             return JSONResponse({"status": "error", "store": str(exc)}, status_code=503)
         age = time.time() - beat["time"] if beat.get("time") else None
         watching = age is not None and age < max(30.0, 10 * cfg.agent.poll_interval)
-        return JSONResponse({"status": "ok" if watching else "degraded", "store": "ok",
+        failing = store.health.get("error")
+        ok = watching and not failing
+        return JSONResponse({"status": "ok" if ok else "degraded",
+                             "store": "failing" if failing else "ok",
+                             "last_error": failing, "watch_errors": store.health.get("errors", 0),
                              "watch_heartbeat_age_s": age, "watching": watching},
-                            status_code=200 if watching else 503)
+                            status_code=200 if ok else 503)
 
     @app.get("/metrics", tags=["health"])
     def metrics(request: Request) -> Response:

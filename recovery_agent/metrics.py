@@ -84,6 +84,13 @@ class StoreCollector:
         yield CounterMetricFamily("recovery_spool_replays",
                                   "Hook reports that arrived over 5 s after they were "
                                   "made (replayed from a node's spool)", value=replays)
+        yield CounterMetricFamily("recovery_watch_errors",
+                                  "Watch cycles that failed (a full or read-only store, "
+                                  "Slurm errors) since the agent started",
+                                  value=self.store.health.get("errors", 0))
+        yield GaugeMetricFamily("recovery_store_failing",
+                                "1 while the last watch cycle failed",
+                                value=1 if self.store.health.get("error") else 0)
         if self.counters is not None:
             family = CounterMetricFamily("recovery_ingest_requests",
                                          "Hook requests since the agent started, by outcome",

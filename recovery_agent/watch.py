@@ -110,19 +110,19 @@ class Watcher:
             if self.store.match_job(cluster, job):
                 self._known.add(key)
                 continue
-            self._known.add(key)
             try:
                 spec = specs.parse(raw)
             except specs.SpecError as exc:
                 spec = specs.RecoverySpec(mode="monitor")
                 log.warning("job=%s invalid --comment spec: %s", job.job_id, exc)
-            with self.store.lock:
+            with self.store.lock, self.store.db.atomic():
                 pk = self.store.record_job(job, cluster, env=spec.env, mode=spec.mode or "",
                                            spec=spec.canonical())
                 self.store.record_attempt(pk, job)
                 self.store.add_event(pk, "registered", "registered from --comment by the "
                                      "scheduler poll", attempt=job.restart_count,
                                      source="poller")
+            self._known.add(key)   # only once it is stored: a failed write is retried
 
     def _sync(self, listing: dict[str, Job], now: float) -> None:
         """Start, renew or end the watch of every tracked job."""
@@ -147,7 +147,6 @@ class Watcher:
             if self._stored.get(row["id"]) == stored and row["state"] == job.state:
                 self._follow(row, job, now)
                 continue
-            self._stored[row["id"]] = stored
             with self.store.lock:
                 self.store.record_job(job, cluster, env=row["env"], mode=row["mode"],
                                       spec=row["spec"])
@@ -160,6 +159,7 @@ class Watcher:
                                          + (f" ({job.reason})" if job.reason and
                                             job.reason != "None" else ""),
                                          attempt=job.restart_count, source="poller")
+            self._stored[row["id"]] = stored   # written: unchanged listings skip it now
             self._follow(row, job, now)
         self._flush_last_seen(now)
 
@@ -247,15 +247,21 @@ class Watcher:
     def _close_attempts(self, now: float) -> None:
         """Give each ended attempt its verdict once every node's epilog report
         (with the XIDs of the job's last moments) is in, or the grace is over."""
-        waiting = []
+        waiting, failed = [], None
         for watch, job, deadline in self.closing:
             reports = self.store.db["node_reports"].count_where(
                 "job = ? and attempt = ? and hook = 'epilog'", [watch.job_pk, watch.attempt])
             if reports >= len(watch.nodes) or now >= deadline:
-                self._verdict(watch, job, now)
+                try:
+                    self._verdict(watch, job, now)
+                except Exception as exc:  # noqa: BLE001 - kept, and judged next cycle
+                    failed = failed or exc
+                    waiting.append((watch, job, deadline))
             else:
                 waiting.append((watch, job, deadline))
         self.closing = waiting
+        if failed is not None:
+            raise failed
 
     def _verdict(self, watch: AttemptWatch, job: Job | None, now: float) -> None:
         """Who is to blame for how this attempt ended, recorded on the timeline,
@@ -276,15 +282,15 @@ class Watcher:
                  "attempt": watch.attempt, "source": "attribution", "data": data}
         log.info("job=%s attempt=%s verdict blame=%s action=%s nodes=%s", watch.job_id,
                  watch.attempt, verdict.blame, verdict.action, ",".join(verdict.nodes))
-        self._judged.add((watch.job_pk, watch.attempt))
         # decide only while Slurm still shows this attempt: one requeued by
         # someone else (or gone) is recorded, not acted on
         if self.decider is not None and job is not None and job.restart_count == watch.attempt:
             self._decide(watch, job, verdict, "ended", all_detections(watch.found, context),
                          event)
-            return
-        with self.store.lock:
-            self.store.add_event(watch.job_pk, **event)
+        else:
+            with self.store.lock:
+                self.store.add_event(watch.job_pk, **event)
+        self._judged.add((watch.job_pk, watch.attempt))   # recorded: never judged again
 
     def _decide(self, watch: AttemptWatch, job: Job | None, verdict: Verdict, trigger: str,
                 detections: list[Detection], event: dict | None = None) -> None:
@@ -429,17 +435,32 @@ class Watcher:
                          watch.attempt, det.rule, det.category, det.host)
 
     # -- running it --------------------------------------------------------
+    def run_once(self) -> bool:
+        """One cycle that never raises; the outcome goes to ``store.health``,
+        which /healthz and /metrics read (a full or read-only store shows there,
+        loudly, while the agent keeps running and retries)."""
+        health = self.store.health
+        try:
+            self.cycle()
+            self.store.set_state("heartbeat", {"time": self.clock(), "cycles": self.cycles})
+        except Exception as exc:  # noqa: BLE001 - the loop must outlive any one bad cycle
+            if isinstance(exc, RecoveryError):
+                log.warning("watch cycle failed: %s", exc)
+            else:
+                log.exception("watch cycle crashed; carrying on")
+            health.update(error=f"{type(exc).__name__}: {exc}"[:500], error_at=self.clock(),
+                          errors=health.get("errors", 0) + 1)
+            return False
+        if health.get("error"):
+            log.info("watch cycle healthy again after: %s", health["error"])
+        health.update(error=None, ok_at=self.clock())
+        return True
+
     def run_forever(self, stop: threading.Event) -> None:
         interval = self.cfg.agent.poll_interval
         while not stop.is_set():
             started = time.monotonic()
-            try:
-                self.cycle()
-                self.store.set_state("heartbeat", {"time": self.clock(), "cycles": self.cycles})
-            except RecoveryError as exc:
-                log.warning("watch cycle failed: %s", exc)
-            except Exception:  # noqa: BLE001 - the loop must outlive any one bad cycle
-                log.exception("watch cycle crashed; carrying on")
+            self.run_once()
             stop.wait(max(0.0, interval - (time.monotonic() - started)))
         self.tailer.close()
 

@@ -46,6 +46,9 @@ class Store:
             # one connection shared by the API threads and the watch loop: every
             # multi-statement write holds this lock so transactions never interleave
             self.lock = threading.RLock()
+            # how the agent's loops fare with this store, in memory (a store that
+            # cannot be written cannot record that it cannot be written)
+            self.health: dict = {"error": None, "errors": 0}
             self.db.enable_wal()
             self.db.execute("PRAGMA foreign_keys = ON")
             self.db.execute("PRAGMA synchronous = NORMAL")
