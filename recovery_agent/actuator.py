@@ -111,10 +111,14 @@ class Actuator:
             log.warning("rec=%s waiting: %s", rec["id"], exc)
 
     def _overdue(self, now: float) -> bool:
-        return bool(self.store.db["recommendations"].count_where(
-            "scope = 'job' and held_at is not null and held_at <= ? and status in "
-            "('proposed', 'executing', 'failed', 'expired') and created >= ?",
-            [now - self.cfg.policy.decision_timeout, now - 86400]))
+        return bool(self.store.db["recommendations"].count_where(*self._held_too_long(now)))
+
+    def _held_too_long(self, now: float) -> tuple[str, list]:
+        """Job recommendations whose hold is older than the decision timeout and
+        not known to be lifted (open ones, and ended ones whose release failed)."""
+        return ("scope = 'job' and held_at is not null and held_at <= ? and status in "
+                "('proposed', 'executing', 'failed', 'expired') and created >= ?",
+                [now - self.cfg.policy.decision_timeout, now - 86400])
 
     # -- steps ---------------------------------------------------------------------
     def _step(self, rec: dict, name: str, call: Callable[[], object], detail: str = "") -> None:
@@ -139,8 +143,7 @@ class Actuator:
 
     def _finish(self, rec: dict, status: str, why: str = "", job: Job | None = None) -> None:
         extra = {}
-        if status in ("expired", "failed") and rec["scope"] == "job" \
-                and any(s["step"] == "requeue_hold" for s in self.store.steps(rec["id"])):
+        if status in ("expired", "failed") and rec["scope"] == "job" and self._requeued(rec):
             # fail open, judged on the job as it is now (a requeue that timed out
             # may still have happened); a hold we could not lift, or could not
             # see, stays marked for the watchdog
@@ -191,14 +194,17 @@ class Actuator:
         if job is None or not (job.is_pending and job.held
                                and job.restart_count == rec["restart_at"] + 1):
             return False
-        # held after someone else's requeue: not ours to release
+        return self._requeued(rec)   # held after someone else's requeue: not ours
+
+    def _requeued(self, rec: dict) -> bool:
+        """Did this recommendation's requeue-hold reach Slurm (or may it have)?"""
         return any(s["step"] == "requeue_hold" for s in self.store.steps(rec["id"]))
 
     def _ending(self, rec: dict, job: Job | None) -> bool:
         """Is our requeue still stopping the job (COMPLETING)? It will be held."""
         return bool(job is not None and job.state == "COMPLETING"
                     and job.restart_count == rec["restart_at"] + 1
-                    and any(s["step"] == "requeue_hold" for s in self.store.steps(rec["id"])))
+                    and self._requeued(rec))
 
     def _let_go(self, rec: dict, job: Job | None, step: str) -> bool:
         """Fail open: release a job our requeue-hold holds, best effort."""
@@ -351,12 +357,9 @@ class Actuator:
         held by one that already ended (a release that failed) is released too."""
         released = []
         limit = self.cfg.policy.decision_timeout
-        rows = self.store.db["recommendations"].rows_where(
-            "scope = 'job' and held_at is not null and held_at <= ? and status in "
-            "('proposed', 'executing', 'failed', 'expired') and created >= ?",
-            [now - limit, now - 86400], order_by="id")
-        for row in rows:
-            rec = self.store._decode_rec(row)
+        where, args = self._held_too_long(now)
+        for row in self.store.db["recommendations"].rows_where(where, args, order_by="id"):
+            rec = self.store.decode_rec(row)
             job = listing.get(rec["job_id"])
             let_go = self._let_go(rec, job, "watchdog_release")
             if not let_go and (self._holds(rec, job) or self._ending(rec, job)):

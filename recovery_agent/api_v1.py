@@ -21,10 +21,10 @@ from fastapi.responses import JSONResponse, Response
 from slurm_hooks import munge
 
 from .config import Config
-from .service import Caller, Service, ServiceError, mode_overrides, role_of
+from .service import Caller, Service, ServiceError, role_of
 from .store import Store
 
-__all__ = ["register", "mode_overrides"]
+__all__ = ["register"]
 MAX_BODY = 64 * 1024
 
 

@@ -54,10 +54,8 @@ class Decider:
     def mode(self, spec: specs.RecoverySpec) -> str:
         """The environment's mode (as configured, or as changed at run time with
         ``recovery-ctl mode``), lowered by the job's own directive."""
-        from .service import mode_overrides
-        env = spec.env if spec.env in self.cfg.environments else "default"
-        configured = mode_overrides(self.store).get(env, self.cfg.environment(env).mode)
-        return effective_mode(configured, spec.mode)
+        from .service import environment_mode
+        return effective_mode(environment_mode(self.cfg, self.store, spec.env), spec.mode)
 
     def scores(self, now: float) -> dict[str, float]:
         """Every struck node's decayed lemon score."""

@@ -19,7 +19,7 @@ LATENCY_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0
 
 
 def _histogram(name: str, doc: str, values: list[float]) -> HistogramMetricFamily:
-    buckets, total = [], 0.0
+    buckets = []
     for bound in LATENCY_BUCKETS:
         buckets.append((str(bound), float(sum(1 for v in values if v <= bound))))
     buckets.append(("+Inf", float(len(values))))

@@ -63,6 +63,13 @@ def mode_overrides(store: Store) -> dict[str, str]:
     return dict(store.get_state(MODE_OVERRIDES, {}) or {})
 
 
+def environment_mode(cfg: Config, store: Store, env: str) -> str:
+    """An environment's mode now: as configured, or as changed at run time with
+    ``recovery-ctl mode``. An unknown name is the ``default`` environment."""
+    env = env if env in cfg.environments else "default"
+    return mode_overrides(store).get(env, cfg.environment(env).mode)
+
+
 def role_of(cfg: Config, uid: int) -> Caller:
     """The caller's role: admin by uid or group membership, else user."""
     try:
@@ -153,9 +160,8 @@ class Service:
         """The mode the job's decisions take now: its environment's (as changed at
         run time), lowered by its own directive."""
         from .policy import effective_mode
-        env = row["env"] if row["env"] in self.cfg.environments else "default"
-        configured = mode_overrides(self.store).get(env, self.cfg.environment(env).mode)
-        return effective_mode(configured, row["mode"] or None)
+        return effective_mode(environment_mode(self.cfg, self.store, row["env"]),
+                              row["mode"] or None)
 
     def job(self, job_id: str) -> dict:
         row = self.job_row(job_id)

@@ -240,7 +240,7 @@ class Store:
                 row[key] = _dumps(row[key])
         return self.db["recommendations"].insert(row).last_pk
 
-    def _decode_rec(self, row: dict) -> dict:
+    def decode_rec(self, row: dict) -> dict:
         for key in _REC_JSON:
             row[key] = json.loads(row[key]) if row.get(key) else ([] if key != "attribution"
                                                                   and key != "evidence"
@@ -249,7 +249,7 @@ class Store:
 
     def rec(self, pk: int) -> dict:
         try:
-            return self._decode_rec(self.db["recommendations"].get(pk))
+            return self.decode_rec(self.db["recommendations"].get(pk))
         except NotFoundError:
             raise StoreError(f"no recommendation {pk}") from None
 
@@ -265,12 +265,12 @@ class Store:
             args.append(job_pk)
         rows = self.db["recommendations"].rows_where(" and ".join(where) or None, args,
                                                       order_by="id")
-        return [self._decode_rec(r) for r in rows]
+        return [self.decode_rec(r) for r in rows]
 
     def job_rec(self, job_pk: int, attempt: int) -> dict | None:
         rows = list(self.db["recommendations"].rows_where(
             "job = ? and attempt = ? and scope = 'job'", [job_pk, attempt], limit=1))
-        return self._decode_rec(rows[0]) if rows else None
+        return self.decode_rec(rows[0]) if rows else None
 
     def update_rec(self, pk: int, **values: Any) -> None:
         for key in _REC_JSON:
