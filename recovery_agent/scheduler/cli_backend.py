@@ -14,7 +14,7 @@ import hostlist
 
 from ..errors import JobNotFound, NodeNotFound, SchedulerError
 from .base import Job, Node, Probe
-from .cli_parse import parse_nodes, parse_squeue
+from .cli_parse import parse_nodes_text, parse_squeue_text
 from .runner import SlurmRunner
 
 try:   # orjson (the "fast" extra) parses a 10,000-job squeue listing ~3x faster
@@ -53,11 +53,13 @@ class CliScheduler:
         return Probe(self.name, True, "", version)
 
     # -- reads ---------------------------------------------------------------
-    def _json(self, argv: list[str]) -> dict:
-        proc = self.runner.run(argv)
+    def _parse(self, argv: list[str], parse) -> list:
+        """Run a listing command and parse its text; output that is not JSON is
+        a SchedulerError naming the command."""
+        proc = self.runner.run(argv, binary=True)
         try:
-            return _loads(proc.stdout)
-        except ValueError as exc:
+            return parse(proc.stdout)
+        except json.JSONDecodeError as exc:   # orjson's error is a subclass
             raise SchedulerError(f"{' '.join(argv)}: output is not JSON "
                                  f"({getattr(exc, 'msg', None) or exc})",
                                  argv=argv, returncode=proc.returncode,
@@ -68,7 +70,7 @@ class CliScheduler:
         # call per cycle either way.
         argv = ["squeue", "--json", "--all", "--states=all"]
         try:
-            jobs = parse_squeue(self._json(argv), self._parsed)
+            jobs = self._parse(argv, lambda text: parse_squeue_text(text, self._parsed, _loads))
         except ValueError as exc:
             raise SchedulerError(f"squeue --json: {exc}", argv=argv) from None
         if job_ids is None:
@@ -86,7 +88,7 @@ class CliScheduler:
     def list_nodes(self, names: Iterable[str] | None = None) -> list[Node]:
         argv = ["sinfo", "--json"]
         try:
-            nodes = parse_nodes(self._json(argv))
+            nodes = self._parse(argv, lambda text: parse_nodes_text(text, _loads))
         except (ValueError, TypeError, AttributeError, KeyError) as exc:
             raise SchedulerError(f"sinfo --json: unexpected output ({exc})",
                                  argv=argv) from None

@@ -15,11 +15,13 @@ them recorded output.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
+import zlib
 from dataclasses import replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import hostlist
 
@@ -214,6 +216,24 @@ _JOB_FIELDS = ("job_id", "array_job_id", "array_task_id", "array_task_string", "
                "stderr_expanded")
 
 
+def _job_record(raw: Any, version: tuple[int, int]) -> Job | None:
+    """One job record as a Job, or None (with a log line) when it is unusable:
+    one malformed record must not blind the agent to every other job."""
+    if not isinstance(raw, Mapping):
+        log.warning("squeue --json: skipped a job record that is not an object")
+        return None
+    try:
+        job = job_from_json(raw, version)
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        log.warning("squeue --json: skipped job record %r: %s",
+                    str(raw.get("job_id"))[:40], exc)
+        return None
+    if not job.numeric_id:
+        log.warning("squeue --json: skipped a job record without a job id")
+        return None
+    return job
+
+
 def parse_squeue(doc: Mapping[str, Any], cache: dict | None = None) -> list[Job]:
     """Every job in a ``squeue --json`` (or ``scontrol --json show job``) document.
 
@@ -225,25 +245,107 @@ def parse_squeue(doc: Mapping[str, Any], cache: dict | None = None) -> list[Job]
     version = slurm_version(doc)
     jobs, fresh = [], {}
     for raw in doc.get("jobs", []):
-        if not isinstance(raw, Mapping):
-            log.warning("squeue --json: skipped a job record that is not an object")
-            continue
-        key = (version, *[raw.get(f) for f in _JOB_FIELDS])
-        try:
-            hash(key)
-        except TypeError:   # 23.x+ wraps numbers in dicts
-            key = repr(key)
+        if isinstance(raw, Mapping):
+            key = (version, *[raw.get(f) for f in _JOB_FIELDS])
+            try:
+                hash(key)
+            except TypeError:   # 23.x+ wraps numbers in dicts
+                key = repr(key)
+        else:
+            key = None
+        job = cache.get(key) if cache is not None and key is not None else None
+        if job is None:
+            job = _job_record(raw, version)
+            if job is None:
+                continue
+        fresh[key] = job
+        jobs.append(job)
+    if cache is not None:
+        cache.clear()
+        cache.update(fresh)
+    return jobs
+
+
+# Slurm prints its JSON with two-space indents, so in a listing each record of
+# the top-level list starts and ends on its own line at four spaces, and no
+# newline occurs inside a JSON string. That lets a listing be cut into records
+# without parsing it: at 10,000 jobs parsing the whole document was half of a
+# watch cycle's CPU and most of its peak memory, and between two polls nearly
+# every record is byte-for-byte the same.
+_RECORD_SEP = "\n    },\n    {"
+
+
+def split_listing(data: str | bytes, key: str) -> tuple[str | bytes, Iterator] | None:
+    """``(the document with an empty list under key, an iterator over the text
+    inside each record's braces)``, or None when the data is not laid out as
+    Slurm lays it out (the caller then parses the whole document). Records of
+    ``bytes`` come as zero-copy memoryviews, one at a time."""
+    enc = (lambda t: t) if isinstance(data, str) else (lambda t: t.encode())
+    opener = enc(f'\n  "{key}": [\n')
+    start = data.find(opener)
+    if start < 0:
+        return None
+    body_start = start + len(opener)
+    end = data.find(enc("\n  ]"), body_start - 1)
+    if end < 0:
+        return None
+    rest = data[:start] + enc(f'\n  "{key}": []') + data[end + 4:]
+    if end < body_start:
+        return rest, iter(())
+    first, last = enc("    {"), enc("\n    }")
+    if not (data.startswith(first, body_start) and data.endswith(last, body_start, end)):
+        return None
+    return rest, _records(data, body_start + len(first), end - len(last), enc(_RECORD_SEP))
+
+
+def _records(data: str | bytes, pos: int, stop: int, sep: str | bytes) -> Iterator:
+    view = memoryview(data) if isinstance(data, bytes) else data
+    while True:
+        cut = data.find(sep, pos, stop)
+        if cut < 0:
+            yield view[pos:stop]
+            return
+        yield view[pos:cut]
+        pos = cut + len(sep)
+
+
+def _braced(piece) -> str | bytes:
+    return "{" + piece + "}" if isinstance(piece, str) else b"{" + piece + b"}"
+
+
+def _digest(piece) -> tuple:
+    """A record's identity between two listings: its length and two unrelated
+    checksums (96 bits, a fraction of a cryptographic digest's cost at 40 MB)."""
+    data = piece.encode() if isinstance(piece, str) else piece
+    return len(data), hash(data), zlib.crc32(data)
+
+
+def parse_squeue_text(text: str | bytes, cache: dict | None = None,
+                      loads: Callable[[Any], Any] = json.loads) -> list[Job]:
+    """:func:`parse_squeue` from the command's output: each record is known by
+    a digest of its text and only new or changed records are parsed. Output
+    laid out any other way is parsed whole (same result, more work)."""
+    split = split_listing(text, "jobs")
+    if split is None:
+        return parse_squeue(loads(text), cache)
+    rest, pieces = split
+    head = loads(rest)
+    if not isinstance(head, Mapping):
+        raise ValueError("not a squeue --json document (no 'jobs' list)")
+    version = slurm_version(head)
+    jobs, fresh = [], {}
+    for piece in pieces:
+        key = ("text", version, _digest(piece))
         job = cache.get(key) if cache is not None else None
         if job is None:
             try:
-                job = job_from_json(raw, version)
-            except (TypeError, ValueError, AttributeError, KeyError) as exc:
-                # one malformed record must not blind the agent to every other job
-                log.warning("squeue --json: skipped job record %r: %s",
-                            str(raw.get("job_id"))[:40], exc)
-                continue
-            if not job.numeric_id:
-                log.warning("squeue --json: skipped a job record without a job id")
+                raw = loads(_braced(piece))
+            except ValueError:
+                # the layout fooled the cut: fall back to the whole document
+                log.debug("squeue --json: record split failed, parsing whole listing")
+                return parse_squeue(loads(text), cache)
+            job = _job_record(raw, version)
+            if job is None:
                 continue
         fresh[key] = job
         jobs.append(job)
@@ -295,3 +397,23 @@ def parse_nodes(doc: Mapping[str, Any]) -> list[Node]:
     if "nodes" in doc:
         return [node_from_json(raw) for raw in doc.get("nodes") or []]
     return nodes_from_sinfo_groups(doc.get("sinfo") or [])
+
+
+def parse_nodes_text(text: str | bytes, loads: Callable[[Any], Any] = json.loads) -> list[Node]:
+    """:func:`parse_nodes` from the command's text, one record at a time when
+    it is laid out as Slurm prints it, so a 20,000-node listing never exists as
+    one tree of Python objects."""
+    split = split_listing(text, "nodes")
+    if split is None:
+        return parse_nodes(loads(text))
+    rest, pieces = split
+    if not isinstance(loads(rest), Mapping):
+        raise ValueError("not a sinfo --json document")
+    nodes = []
+    for piece in pieces:
+        try:
+            raw = loads(_braced(piece))
+        except ValueError:
+            return parse_nodes(loads(text))
+        nodes.append(node_from_json(raw))
+    return nodes

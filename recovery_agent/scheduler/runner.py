@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -54,8 +55,10 @@ class SlurmRunner:
         return env
 
     def run(self, argv: Sequence[str], timeout: float | None = None,
-            check: bool = True) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` and return the finished process (text mode).
+            check: bool = True, binary: bool = False) -> subprocess.CompletedProcess:
+        """Run ``argv`` and return the finished process: text mode, or with
+        ``binary`` stdout left as bytes (a large listing is then never held twice,
+        once raw and once decoded); stderr is always text.
 
         Raises SchedulerError when the command is missing, times out, or (with
         ``check``) exits non-zero.
@@ -72,9 +75,12 @@ class SlurmRunner:
             self.calls[argv[0]] = self.calls.get(argv[0], 0) + 1
         started = time.monotonic()
         try:
-            proc = subprocess.run([exe, *argv[1:]], capture_output=True, text=True,
-                                  errors="replace", timeout=limit, env=self.env(),
-                                  stdin=subprocess.DEVNULL, check=False)
+            if binary:
+                proc = self._run_binary([exe, *argv[1:]], limit)
+            else:
+                proc = subprocess.run([exe, *argv[1:]], capture_output=True, text=True,
+                                      errors="replace", timeout=limit, env=self.env(),
+                                      stdin=subprocess.DEVNULL, check=False)
         except subprocess.TimeoutExpired as exc:
             stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) \
                 else (exc.stderr or "")
@@ -87,6 +93,25 @@ class SlurmRunner:
         if check and proc.returncode != 0:
             raise SchedulerError(f"{' '.join(argv)}: exit {proc.returncode}", argv=argv,
                                  returncode=proc.returncode, stderr=proc.stderr)
+        return proc
+
+    def _run_binary(self, argv: list[str], limit: float) -> subprocess.CompletedProcess:
+        """Run with stdout into an unlinked temporary file, read back in one
+        allocation: a pipe is read in chunks and joined, which holds a 40 MB
+        listing twice at the peak."""
+        try:
+            sink = tempfile.TemporaryFile(buffering=0)
+        except OSError:   # no usable temp dir: a pipe still works
+            proc = subprocess.run(argv, capture_output=True, timeout=limit, env=self.env(),
+                                  stdin=subprocess.DEVNULL, check=False)
+            proc.stderr = proc.stderr.decode(errors="replace")
+            return proc
+        with sink:
+            proc = subprocess.run(argv, stdout=sink, stderr=subprocess.PIPE, timeout=limit,
+                                  env=self.env(), stdin=subprocess.DEVNULL, check=False)
+            sink.seek(0)
+            proc.stdout = sink.readall()
+        proc.stderr = proc.stderr.decode(errors="replace")
         return proc
 
     def total_calls(self) -> int:

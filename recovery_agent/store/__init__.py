@@ -160,6 +160,20 @@ class Store:
                                                order_by="id desc", limit=1))
         return rows[0] if rows else None
 
+    def watch_rows(self, cluster: str, finished: Iterable[str], since: float) -> list:
+        """The jobs rows the watch loop needs each cycle: every unfinished job of
+        the cluster, and finished ones seen since ``since``. Only the columns it
+        reads, as sqlite3.Row (indexable by name): a store holding months of
+        finished jobs costs a cycle nothing for them."""
+        states = list(finished)
+        cur = self.db.conn.cursor()
+        cur.row_factory = sqlite3.Row
+        marks = ",".join("?" * len(states))
+        return cur.execute(
+            "select id, cluster, job_id, state, last_seen, restart_count, env, mode, spec "
+            f"from jobs where cluster = ? and (state not in ({marks}) or last_seen is null "
+            "or last_seen >= ?) order by id", [cluster, *states, since]).fetchall()
+
     def jobs(self, state: str | None = None) -> list[dict]:
         if state:
             return list(self.db["jobs"].rows_where("state = ?", [state], order_by="id"))

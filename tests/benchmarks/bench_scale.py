@@ -27,6 +27,7 @@ import argparse
 import copy
 import json
 import math
+import os
 import multiprocessing
 
 import random
@@ -42,24 +43,30 @@ CYCLE_S = 2.0
 
 
 class Listing:
-    """The squeue document kept as one JSON text per job, so that failing a few
-    jobs rewrites those few records (the benchmark's own work stays small)."""
+    """The squeue document, printed as Slurm prints it (two-space indents), kept
+    as one text per job so that failing a few jobs rewrites those few records
+    (the benchmark's own work stays small)."""
 
     def __init__(self, doc: dict) -> None:
         jobs = doc.pop("jobs")
-        self.head = json.dumps(doc)[:-1] + ', "jobs": ['
-        self.records = [json.dumps(j) for j in jobs]
+        head = json.dumps(doc, indent=2)
+        self.head = head[:-2] + ',\n  "jobs": [\n'
+        self.records = [self._render(j) for j in jobs]
         self.index = {j["job_id"]: i for i, j in enumerate(jobs)}
+
+    @staticmethod
+    def _render(record: dict) -> str:
+        return "\n".join("    " + line for line in json.dumps(record, indent=2).split("\n"))
 
     def fail(self, ids: set[int]) -> None:
         for job_id in ids:
             i = self.index[job_id]
             record = json.loads(self.records[i])
             record.update(job_state="FAILED", exit_code=256)
-            self.records[i] = json.dumps(record)
+            self.records[i] = self._render(record)
 
     def text(self) -> str:
-        return self.head + ",".join(self.records) + "]}"
+        return self.head + ",\n".join(self.records) + "\n  ]\n}"
 
 
 def build_inputs(n: int, logs: Path) -> tuple[Listing, str, list[str]]:
@@ -88,7 +95,7 @@ def build_inputs(n: int, logs: Path) -> tuple[Listing, str, list[str]]:
                      "state_flags": [], "reason": "", "partitions": ["gpu"]})
         nodes.append(node)
     squeue["jobs"], sinfo["nodes"] = jobs, nodes
-    return Listing(squeue), json.dumps(sinfo), paths
+    return Listing(squeue), json.dumps(sinfo, indent=2), paths
 
 
 def _rss_mb(field: str) -> float:
@@ -116,7 +123,8 @@ def writer(paths: list[str], stop_at: float, seed: int) -> None:
         time.sleep(max(0.0, 1.0 - (time.time() - started)))
 
 
-def run_size(n: int, cycles: int, active: int, out: multiprocessing.Queue) -> None:
+def run_size(n: int, cycles: int, active: int, out: multiprocessing.Queue,
+             profile: bool = False) -> None:
     from recovery_agent.config import from_mapping
     from recovery_agent.decide import Decider
     from recovery_agent.detect.patterns import load_rules
@@ -162,6 +170,9 @@ def run_size(n: int, cycles: int, active: int, out: multiprocessing.Queue) -> No
                                    daemon=True)
     proc.start()
     rng = random.Random(7)
+    if profile:
+        import cProfile
+        prof = cProfile.Profile()
     cpu, wall, calls = [], [], []
     failed: set[int] = set()
     for cycle in range(cycles + 2):
@@ -183,15 +194,22 @@ def run_size(n: int, cycles: int, active: int, out: multiprocessing.Queue) -> No
             tmp_text.write_text(listing.text())
             tmp_text.replace(tmp / "squeue.json")
         before_calls = runner.total_calls()
+        if profile and cycle >= 2:
+            prof.enable()
         c0, w0 = time.process_time(), time.monotonic()
         watcher.cycle()
         c1, w1 = time.process_time(), time.monotonic()
+        if profile and cycle >= 2:
+            prof.disable()
         if cycle >= 2:
             cpu.append(c1 - c0)
             wall.append(w1 - w0)
             calls.append(runner.total_calls() - before_calls)
         time.sleep(max(0.0, CYCLE_S - (time.monotonic() - begun)))
     proc.terminate()
+    if profile:
+        import pstats
+        pstats.Stats(prof, stream=sys.stderr).sort_stats(os.environ.get("BENCH_SORT", "tottime")).print_stats(int(os.environ.get("BENCH_TOP", "30")))
     attempts = store.db["attempts"].count
     store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     size = (tmp / "recovery.db").stat().st_size
@@ -216,11 +234,15 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument("--active", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--profile", action="store_true",
+                        help="print where the measured cycles spend their time (cProfile; "
+                             "the figures are then inflated)")
     args = parser.parse_args()
     results = []
     for n in (int(s) for s in args.sizes.split(",")):
         queue: multiprocessing.Queue = multiprocessing.Queue()
-        proc = multiprocessing.Process(target=run_size, args=(n, args.cycles, args.active, queue))
+        proc = multiprocessing.Process(target=run_size, args=(n, args.cycles, args.active, queue,
+                                                              args.profile))
         proc.start()
         result = queue.get()
         proc.join()

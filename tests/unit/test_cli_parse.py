@@ -194,3 +194,96 @@ def test_cached_parse_gives_the_same_jobs_and_reparses_only_changes():
     assert calls == [changed["jobs"][0]["job_id"]]          # only the changed record
     assert second[0].restart_count == 7 and second[1:] == first[1:]
     assert len(cache) == len(doc["jobs"])
+
+
+# -- record-by-record parsing of the command's text ------------------------
+from recovery_agent.scheduler.cli_parse import (parse_nodes_text,  # noqa: E402
+                                                parse_squeue_text, split_listing)
+
+
+def _text(version: str, name: str) -> str:
+    return (FIXTURES / "slurm" / version / name).read_text()
+
+
+@pytest.mark.parametrize("as_bytes", [False, True])
+@pytest.mark.parametrize("version", ["22.05", "24.11", "26.05"])
+def test_text_parse_matches_whole_parse(version, as_bytes):
+    text = _text(version, "squeue_all.json")
+    data = text.encode() if as_bytes else text
+    split = split_listing(data, "jobs")
+    assert split is not None, "Slurm's own layout must be recognised"
+    assert len(list(split[1])) == len(__import__("json").loads(text)["jobs"])
+    assert parse_squeue_text(data) == parse_squeue(slurm_fixture(version, "squeue_all.json"))
+
+
+@pytest.mark.parametrize("as_bytes", [False, True])
+@pytest.mark.parametrize("version", ["22.05", "24.11", "26.05"])
+def test_text_parse_of_nodes_matches_whole_parse(version, as_bytes):
+    text = _text(version, "sinfo.json")
+    data = text.encode() if as_bytes else text
+    assert parse_nodes_text(data) == parse_nodes(slurm_fixture(version, "sinfo.json"))
+
+
+def test_unchanged_records_are_not_parsed_again():
+    text = _text("22.05", "squeue_all.json")
+    calls = []
+
+    def loads(s):
+        calls.append(len(s))
+        return __import__("json").loads(s)
+
+    cache: dict = {}
+    first = parse_squeue_text(text, cache, loads)
+    n = len(first)
+    assert len(calls) == 1 + n        # the document around the list, then each record
+    calls.clear()
+    again = parse_squeue_text(text, cache, loads)
+    assert again == first and len(calls) == 1
+    # one record changes: only that one is parsed, and it shows the change
+    target = first[0]
+    changed = text.replace(f'"job_id": {target.numeric_id},', f'"job_id": {target.numeric_id},'
+                           '\n      "comment_extra": 1,', 1)
+    calls.clear()
+    third = parse_squeue_text(changed, cache, loads)
+    assert len(calls) == 2 and third == first
+    assert len(cache) == n
+
+
+def test_state_change_is_seen_through_the_cache():
+    text = _text("22.05", "squeue_all.json")
+    cache: dict = {}
+    before = {j.job_id: j for j in parse_squeue_text(text, cache)}
+    running = next(j for j in before.values() if j.state == "RUNNING")
+    start = text.index(f'"job_id": {running.numeric_id},')
+    state_at = text.index('"job_state": "RUNNING"', text.rindex("\n    {", 0, start))
+    failed = text[:state_at] + '"job_state": "FAILED"' + text[state_at + 22:]
+    after = {j.job_id: j for j in parse_squeue_text(failed, cache)}
+    assert after[running.job_id].state == "FAILED"
+    assert all(after[k] == v for k, v in before.items() if k != running.job_id)
+
+
+def test_compact_json_is_parsed_whole():
+    import json
+    doc = slurm_fixture("22.05", "squeue_all.json")
+    compact = json.dumps(doc)
+    assert split_listing(compact, "jobs") is None
+    assert parse_squeue_text(compact) == parse_squeue(doc)
+
+
+@pytest.mark.parametrize("layout", ['{\n  "jobs": [\n  ],\n  "meta": {}\n}',
+                                    '{\n  "jobs": [],\n  "meta": {}\n}'])
+def test_empty_listing(layout):
+    assert parse_squeue_text(layout) == []
+
+
+def test_a_record_the_cut_cannot_parse_falls_back_to_the_whole_document():
+    # a string holding the separator's characters escaped is still one record
+    import json
+    doc = slurm_fixture("22.05", "squeue_all.json")
+    doc["jobs"][0]["comment"] = "recovery=prod\n    },\n    {"
+    text = json.dumps(doc, indent=2)
+    assert parse_squeue_text(text) == parse_squeue(doc)
+    # a broken record makes the fallback raise the JSON error, as a whole parse would
+    broken = text.replace('"job_state"', '"job_state" "', 1)
+    with pytest.raises(ValueError):
+        parse_squeue_text(broken)

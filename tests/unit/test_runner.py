@@ -71,3 +71,16 @@ def test_slurm_conf_reaches_the_child(tmp_path):
     runner = SlurmRunner(bin_dir=str(tmp_path), slurm_conf="/tmp/x/slurm.conf")
     assert runner.run(["sinfo"]).stdout.strip() == "/tmp/x/slurm.conf"
     assert os.environ.get("SLURM_CONF") != "/tmp/x/slurm.conf"  # ours is untouched
+
+
+def test_binary_mode_keeps_stdout_as_bytes_and_stderr_as_text(tmp_path):
+    fake_command(tmp_path, "squeue", "printf '{\\n}\\377'; echo 'warn: x' >&2")
+    runner = SlurmRunner(bin_dir=str(tmp_path))
+    proc = runner.run(["squeue", "--json"], binary=True)
+    assert isinstance(proc.stdout, bytes) and proc.stdout.endswith(b"\xff")
+    assert proc.stderr == "warn: x\n"
+    # a failing binary-mode command still carries its stderr as text
+    fake_command(tmp_path, "sinfo", "echo 'sinfo: error: down' >&2; exit 1")
+    with pytest.raises(SchedulerError) as info:
+        runner.run(["sinfo", "--json"], binary=True)
+    assert "down" in info.value.stderr

@@ -113,3 +113,18 @@ def test_detections_round_trip(store):
         ("nccl.watchdog_timeout", "node2", 5, 0)
     assert row["evidence"]["lines"][0]["line"] == 812
     assert row["evidence"]["action_hint"] == "kill_requeue"
+
+
+def test_watch_rows_leave_out_long_finished_jobs(store):
+    from recovery_agent.scheduler.base import FINISHED_STATES
+    running = store.record_job(job(job_id="1", submit_time=100), "c")
+    old = store.record_job(job(job_id="2", submit_time=101, state="COMPLETED"), "c")
+    recent = store.record_job(job(job_id="3", submit_time=102, state="FAILED"), "c")
+    other = store.record_job(job(job_id="4", submit_time=103), "elsewhere")
+    store.db.execute("update jobs set last_seen = 10 where id in (?, ?)", [running, old])
+    store.db.execute("update jobs set last_seen = 1000 where id = ?", [recent])
+    rows = store.watch_rows("c", FINISHED_STATES, since=500)
+    assert [r["id"] for r in rows] == [running, recent]
+    assert other not in [r["id"] for r in rows]
+    assert {"id", "job_id", "state", "last_seen", "restart_count", "env", "mode",
+            "spec", "cluster"} <= set(rows[0].keys())
