@@ -24,6 +24,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 from slurm_hooks import spec as specs
@@ -37,6 +38,10 @@ from .store import OPEN_STATUSES, Store
 log = logging.getLogger(__name__)
 DRAIN_TAG = "recovery:"
 CRASH_ENV = "RECOVERY_TEST_CRASH_AFTER_STEP"   # tests: SIGKILL the agent after this step
+# tests: before this step, create the file named by PAUSE_FILE_ENV and wait
+# (up to PAUSE_LIMIT) until it is removed, so a test can break something first
+PAUSE_ENV, PAUSE_FILE_ENV, PAUSE_LIMIT = ("RECOVERY_TEST_PAUSE_BEFORE_STEP",
+                                          "RECOVERY_TEST_PAUSE_FILE", 120.0)
 RESUME_CHECK_INTERVAL = 30.0
 
 
@@ -60,6 +65,8 @@ class Actuator:
         self.cfg, self.store, self.scheduler, self.clock = cfg, store, scheduler, clock
         self.wake = threading.Event()
         self.crash_after = os.environ.get(CRASH_ENV, "")
+        self.pause_before = os.environ.get(PAUSE_ENV, "")
+        self.pause_file = os.environ.get(PAUSE_FILE_ENV, "")
         self.waiting_for_slurm = False
         self.last_resume_check = 0.0
         self.passes = 0
@@ -122,6 +129,8 @@ class Actuator:
 
     # -- steps ---------------------------------------------------------------------
     def _step(self, rec: dict, name: str, call: Callable[[], object], detail: str = "") -> None:
+        if self.pause_before == name and self.pause_file:
+            self._pause(name)
         self.store.add_step(rec["id"], name, "started", detail)
         try:
             call()
@@ -135,6 +144,16 @@ class Actuator:
         log.info("rec=%s job=%s step %s ok %s", rec["id"], rec["job_id"], name, detail)
         if self.crash_after == name:
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def _pause(self, name: str) -> None:
+        """Test hook: hold still before a step while the test breaks something."""
+        self.pause_before = ""   # once per agent
+        path = Path(self.pause_file)
+        path.write_text(f"{os.getpid()} before {name}\n")
+        log.warning("test hook: paused before step %s until %s is removed", name, path)
+        deadline = time.monotonic() + PAUSE_LIMIT
+        while path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def _set(self, rec: dict, **values) -> None:
         with self.store.lock, self.store.db.atomic():
@@ -260,6 +279,9 @@ class Actuator:
         begun = {s["step"] for s in steps}
         done = {s["step"] for s in steps if s["state"] == "ok"}
         if job.restart_count == at:
+            if job.is_pending and not job.held and "requeue_hold" not in done:
+                self._adopt(rec, job, done)
+                return
             if job.is_pending or (rec["trigger"] == "ended" and not job.is_finished
                                   and job.state != "COMPLETING"):
                 self._finish(rec, "expired", f"the job is {job.state} again without our "
@@ -270,9 +292,15 @@ class Actuator:
             if not job.requeue_allowed and "allow_requeue" not in done:
                 self._step(rec, "allow_requeue",
                            lambda: self.scheduler.allow_requeue(rec["job_id"]))
+            detail = f"restart {at} -> {at + 1}"
+            if "requeue_hold" in done:
+                # it went through, yet the job is back at the decided attempt: a
+                # controller restarted from older state has forgotten it
+                detail += " again: slurmctld no longer shows our first requeue"
+                log.warning("rec=%s job=%s: %s", rec["id"], rec["job_id"], detail)
             self._set(rec, held_at=now)
             self._step(rec, "requeue_hold", lambda: self.scheduler.requeue_hold(rec["job_id"]),
-                       f"restart {at} -> {at + 1}")
+                       detail)
             return
         if job.restart_count != at + 1:
             self._finish(rec, "expired", f"the job restarted {job.restart_count - at} times "
@@ -300,6 +328,22 @@ class Actuator:
             self._step(rec, "start_now", lambda: self.scheduler.start_now(rec["job_id"]))
         note = "" if "release" in begun else f"released by someone else; now {job.state}"
         self._finish(rec, "done", note)
+
+    def _adopt(self, rec: dict, job: Job, done: set[str]) -> None:
+        """The attempt is back in the queue, unheld, at the same restart count,
+        and not by our requeue: slurmctld put it there itself (a controller
+        that lost its last state changes in a crash does this). Requeueing it
+        again is not needed; our exclusions and an immediate start still are.
+        A job that starts before the exclusion lands refuses it: retried,
+        then expired as usual."""
+        want = list(rec["exclude"] or [])
+        if want and sorted(job.excluded_nodes) != sorted(want):
+            self._step(rec, "exclude",
+                       lambda: self.scheduler.set_excluded_nodes(rec["job_id"], want),
+                       ",".join(want))
+        if "start_now" not in done:
+            self._step(rec, "start_now", lambda: self.scheduler.start_now(rec["job_id"]))
+        self._finish(rec, "done", "slurmctld requeued the job itself; our exclusions applied")
 
     # -- node actions -------------------------------------------------------------
     def _advance_node(self, rec: dict, now: float) -> None:

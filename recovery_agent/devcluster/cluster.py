@@ -289,6 +289,38 @@ class DevCluster:
                 chunks.append(f"\n--- last lines of {path} ---\n" + "\n".join(text))
         return "".join(chunks)
 
+    # -- the controller, for fault tests -----------------------------------
+    def kill_ctld(self, sig: int = signal.SIGKILL) -> None:
+        """Kill slurmctld (SIGKILL by default: no chance to save state) and wait
+        until it is gone. Jobs keep running on the slurmd's meanwhile."""
+        for d in self.daemons():
+            proc = d.process() if d.name == "slurmctld" else None
+            if proc is not None:
+                with _quiet():
+                    proc.send_signal(sig)
+                psutil.wait_procs([proc], timeout=15)
+        self._reap_children()
+
+    def start_ctld(self, timeout: float = 60.0) -> None:
+        """Start slurmctld again on its saved state (a restart after a crash)
+        and wait until it answers."""
+        record = self._load()
+        if not record:
+            raise DevClusterError(f"no dev cluster recorded in {self.lay.root}")
+        daemons = [Daemon(**d) for d in record["daemons"] if d["name"] != "slurmctld"]
+        daemons.insert(1, self._start("slurmctld", ["slurmctld", "-D", "-i", "-f",
+                                                    str(self.lay.slurm_conf)]))
+        record["daemons"] = [d.__dict__ for d in daemons]
+        tmp = self.lay.record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        tmp.replace(self.lay.record)
+        deadline = time.monotonic() + timeout
+        while not self._ctld_answers():
+            if time.monotonic() > deadline:
+                raise DevClusterError("slurmctld did not answer after a restart"
+                                      + self._log_tail("slurmctld"))
+            time.sleep(0.2)
+
     # -- down --------------------------------------------------------------
     def down(self, quiet: bool = False) -> list[str]:
         """Cancel every job, stop every daemon we started, and sweep job

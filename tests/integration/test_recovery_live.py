@@ -64,7 +64,7 @@ def running_again(sched, job_id: str, restarts: int = 1):
 
 
 def train_job(submit, devcluster, tmp_path, env: str, steps_: int = 400) -> tuple[str, Path]:
-    ckpt = devcluster.lay.jobs / f"ckpt-{tmp_path.name}"
+    ckpt = devcluster.lay.jobs / f"ckpt-{tmp_path.parent.name}-{tmp_path.name}"  # unique per run
     ckpt.mkdir(exist_ok=True)
     xid_log = str(devcluster.lay.kernel_log("NODE")).replace("NODE", "{node}")
     script = (f"srun --kill-on-bad-exit=1 {sys.executable} {TRAIN} --ckpt-dir {ckpt} "

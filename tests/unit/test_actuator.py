@@ -514,16 +514,44 @@ def test_job_vanished_expires(store, clock):
     assert not slurm.calls
 
 
-@pytest.mark.parametrize("state", ["PENDING", "RUNNING"])
-def test_job_active_again_at_the_same_attempt_expires(store, clock, state):
-    """An ended attempt that is pending or running again without any requeue."""
+@pytest.mark.parametrize("state,held", [("RUNNING", False), ("PENDING", True)])
+def test_job_active_again_at_the_same_attempt_expires(store, clock, state, held):
+    """An ended attempt running again without any requeue, or put back and
+    held by someone: not ours to touch."""
     slurm = FakeSlurm(state="FAILED")
     rec_id = add_job_rec(store, slurm, trigger="ended")
-    slurm.job["state"] = state
+    slurm.job.update(state=state, held=held)
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     rec = store.rec(rec_id)
     assert rec["status"] == "expired" and state in rec["error"]
     assert not slurm.calls
+
+
+def test_job_slurm_put_back_in_the_queue_gets_our_exclusions(store, clock):
+    """A controller that crashed may requeue the attempt itself, unheld and at
+    the same restart count: no second requeue, only the exclusions and a start."""
+    slurm = FakeSlurm(state="FAILED")
+    rec_id = add_job_rec(store, slurm, trigger="ended")
+    slurm.job.update(state="PENDING", held=False)
+    drive(make_actuator(store, slurm, clock), store, rec_id, clock)
+    rec = store.rec(rec_id)
+    assert rec["status"] == "done" and "itself" in rec["error"]
+    assert slurm.calls == Counter(set_excluded_nodes=1, start_now=1)
+    assert slurm.job["excluded"] == ("gpu2",)
+
+
+def test_job_put_back_that_starts_before_the_exclusion_expires(store, clock):
+    slurm = FakeSlurm(state="FAILED")
+    rec_id = add_job_rec(store, slurm, trigger="ended")
+    slurm.job.update(state="PENDING", held=False)
+    slurm.fail_next, slurm.fail_only = 1, {"set_excluded_nodes"}
+    act = make_actuator(store, slurm, clock)
+    act.run_once()
+    slurm.job.update(state="RUNNING")       # it started meanwhile
+    drive(act, store, rec_id, clock)
+    rec = store.rec(rec_id)
+    assert rec["status"] == "expired" and "RUNNING" in rec["error"]
+    assert "requeue_hold" not in slurm.calls
 
 
 def test_job_vanishing_during_the_requeue_expires(store, clock):
@@ -1179,3 +1207,21 @@ def test_run_forever_outlives_a_bad_pass(store, clock):
     act.wake.wait = lambda timeout=None: orig_wait(0)   # no real waiting
     act.run_forever(stop, interval=0.0)
     assert len(passes) == 2
+
+
+def test_a_requeue_the_controller_forgot_is_done_again_and_said_so(store, clock):
+    """requeue_hold went through, then slurmctld restarted from older state and
+    shows the attempt ended and not requeued: requeue again, audited as such."""
+    slurm = FakeSlurm(state="FAILED", completing=1)
+    rec_id = add_job_rec(store, slurm, trigger="ended")
+    act = make_actuator(store, slurm, clock)
+    act.run_once()
+    assert slurm.calls["requeue_hold"] == 1
+    slurm.job.update(state="FAILED", restart_count=0, held=False, submit_time=SUBMIT)
+    slurm.completing_left = 0
+    drive(act, store, rec_id, clock)
+    assert store.rec(rec_id)["status"] == "done"
+    assert slurm.calls["requeue_hold"] == 2 and slurm.job["restart_count"] == 1
+    details = [s["detail"] for s in store.steps(rec_id)
+               if s["step"] == "requeue_hold" and s["state"] == "ok"]
+    assert "again" not in details[0] and "again" in details[1]
