@@ -13,17 +13,18 @@ TEST_PORT      ?= 26817
 PYTEST_ARGS    ?=
 
 APT_PACKAGES := slurm-wlm slurmctld slurmd slurm-client munge libmunge2 libslurm-dev \
-                gcc make python3-venv python3-dev chromium
+                gcc make python3-venv python3-dev chromium prometheus victoria-metrics
 
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help deps build test unit bench demo down clean
+.PHONY: help deps build test unit bench resilience demo down clean
 
 help:
 	@echo "make demo   a local Slurm cluster: a GPU fails under a training job, which recovers"
 	@echo "make test   install, build, start a dev cluster, run every test, stop it"
 	@echo "make unit   only the fast unit tests (no cluster)"
-	@echo "make bench  hook, ingest, scanner, tailer and recovery benchmarks (into docs/)"
+	@echo "make bench  hook, ingest, scanner, tailer, recovery and scale benchmarks (into docs/)"
+	@echo "make resilience  the fault campaign, slow scenarios included (docs/resilience.md)"
 	@echo "make down   stop the demo cluster"
 	@echo "make deps   install Debian packages and the Python virtualenv"
 
@@ -62,6 +63,15 @@ bench: deps build
 	$(BIN)/python -m tests.benchmarks.bench_tail --out docs/benchmarks-tail.md
 	$(BIN)/python -m tests.benchmarks.bench_recovery --out docs/benchmarks-recovery.md
 	$(BIN)/python -m tests.benchmarks.bench_scale --out docs/benchmarks-scale.md
+
+resilience: deps build
+	@$(BIN)/recovery-devcluster up --state-dir $(TEST_STATE_DIR) --port $(TEST_PORT)
+	@rc=0; RECOVERY_DEVCLUSTER_DIR=$(TEST_STATE_DIR) RECOVERY_TEST_PORT=$(TEST_PORT) \
+	  $(BIN)/python -m pytest -m resilience --resilience-report docs/resilience.md \
+	  $(PYTEST_ARGS) || rc=$$?; \
+	  $(BIN)/recovery-devcluster down --state-dir $(TEST_STATE_DIR); \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; fi; \
+	  exit $$rc
 
 demo: deps build
 	DEMO_STATE_DIR=$(DEMO_STATE_DIR) bash contrib/demo/demo.sh

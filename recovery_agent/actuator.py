@@ -61,8 +61,11 @@ def ours(reason: str) -> bool:
 
 class Actuator:
     def __init__(self, cfg: Config, store: Store, scheduler: Scheduler,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 mono: Callable[[], float] = time.monotonic) -> None:
         self.cfg, self.store, self.scheduler, self.clock = cfg, store, scheduler, clock
+        self.mono = mono
+        self._holds_seen: dict[int, tuple[float, float]] = {}   # rec -> (held_at, mono 0)
         self.wake = threading.Event()
         self.crash_after = os.environ.get(CRASH_ENV, "")
         self.pause_before = os.environ.get(PAUSE_ENV, "")
@@ -118,14 +121,29 @@ class Actuator:
             log.warning("rec=%s waiting: %s", rec["id"], exc)
 
     def _overdue(self, now: float) -> bool:
-        return bool(self.store.db["recommendations"].count_where(*self._held_too_long(now)))
+        return bool(self._held_too_long(now))
 
-    def _held_too_long(self, now: float) -> tuple[str, list]:
+    def _held_too_long(self, now: float) -> list[dict]:
         """Job recommendations whose hold is older than the decision timeout and
         not known to be lifted (open ones, and ended ones whose release failed)."""
-        return ("scope = 'job' and held_at is not null and held_at <= ? and status in "
-                "('proposed', 'executing', 'failed', 'expired') and created >= ?",
-                [now - self.cfg.policy.decision_timeout, now - 86400])
+        rows = self.store.db["recommendations"].rows_where(
+            "scope = 'job' and held_at is not null and status in "
+            "('proposed', 'executing', 'failed', 'expired') and created >= ?",
+            [now - 7 * 86400], order_by="id")
+        limit = self.cfg.policy.decision_timeout
+        return [r for r in rows if self._hold_age(r["id"], r["held_at"], now) >= limit]
+
+    def _hold_age(self, rec_id: int, held_at: float, now: float) -> float:
+        """How long a job has been held. The wall clock can jump (an NTP step,
+        a hand-set date). Once this process has seen a hold, its age grows
+        with the monotonic clock whatever the wall clock does; a hold stamped
+        in the future (the clock went back) starts at age 0, not never."""
+        mono = self.mono()
+        seen = self._holds_seen.get(rec_id)
+        if seen is None or seen[0] != held_at:
+            seen = (held_at, mono - max(0.0, now - held_at))
+            self._holds_seen[rec_id] = seen
+        return mono - seen[1]
 
     # -- steps ---------------------------------------------------------------------
     def _step(self, rec: dict, name: str, call: Callable[[], object], detail: str = "") -> None:
@@ -206,7 +224,8 @@ class Actuator:
         self._finish(rec, "failed", f"{why} (after {tries} tries)", job)
 
     def _past_deadline(self, rec: dict, now: float) -> bool:
-        return bool(rec["held_at"]) and now - rec["held_at"] >= self.cfg.policy.decision_timeout
+        return bool(rec["held_at"]) and self._hold_age(
+            rec["id"], rec["held_at"], now) >= self.cfg.policy.decision_timeout
 
     def _holds(self, rec: dict, job: Job | None) -> bool:
         """Is ``job`` held by this recommendation's requeue-hold?"""
@@ -401,16 +420,16 @@ class Actuator:
         held by one that already ended (a release that failed) is released too."""
         released = []
         limit = self.cfg.policy.decision_timeout
-        where, args = self._held_too_long(now)
-        for row in self.store.db["recommendations"].rows_where(where, args, order_by="id"):
+        for row in self._held_too_long(now):
             rec = self.store.decode_rec(row)
             job = listing.get(rec["job_id"])
             let_go = self._let_go(rec, job, "watchdog_release")
             if not let_go and (self._holds(rec, job) or self._ending(rec, job)):
                 continue   # still stopping, or the release failed: next pass
             if rec["status"] in OPEN_STATUSES:
+                age = self._hold_age(rec["id"], rec["held_at"], now)
                 self._finish(rec, "released_by_watchdog",
-                             f"held {now - rec['held_at']:.0f}s without a completed decision "
+                             f"held {age:.0f}s without a completed decision "
                              f"(policy.decision_timeout={limit:g}s); released to normal "
                              "scheduling")
                 released.append(rec["id"])

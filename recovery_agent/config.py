@@ -196,9 +196,72 @@ class PolicyConfig:
                                duration=True, default=1800.0)
 
 
+@dataclass(frozen=True)
+class SourcesConfig:
+    """External stores the agent queries (empty URLs: not used). Credentials
+    live in files named here, never in this file, the logs or show config."""
+
+    prometheus_url: str = _doc("Prometheus or VictoriaMetrics base URL with DCGM-exporter "
+                               "series; empty: not used.", default="")
+    prometheus_auth: str = _doc("none, bearer or basic.", default="none")
+    prometheus_credentials_file: str = _doc("File with the bearer token, or one line "
+                                            "user:password for basic auth.", default="")
+    prometheus_host_label: str = _doc("Label holding the node name (Hostname, or "
+                                      "instance).", default="Hostname")
+    prometheus_gpu_label: str = _doc("Label holding the GPU index.", default="gpu")
+    prometheus_uuid_label: str = _doc("Label holding the GPU UUID.", default="UUID")
+    prometheus_host_rewrite: str = _doc("How a host label value becomes a node name: none, "
+                                        "port (strip :9400) or domain (strip the port and "
+                                        "the domain).", default="port")
+    prometheus_selector: str = _doc("Extra PromQL label matchers for every query, e.g. "
+                                    "job=\"dcgm\".", default="")
+    prometheus_step: float = _doc("Resolution of range queries; at most the scrape "
+                                  "interval, so short XID values are not missed.",
+                                  duration=True, default=15.0)
+    loki_url: str = _doc("Grafana Loki base URL; empty: not used.", default="")
+    loki_auth: str = _doc("none, bearer or basic.", default="none")
+    loki_credentials_file: str = _doc("File with the bearer token or user:password.",
+                                      default="")
+    loki_tenant: str = _doc("X-Scope-OrgID sent to a multi-tenant Loki; empty: none.",
+                            default="")
+    loki_job_label: str = _doc("Stream label holding the Slurm job id; empty: no job feed.",
+                               default="slurm_job_id")
+    loki_host_label: str = _doc("Stream label holding the node name; empty: no node feed.",
+                                default="host")
+    loki_selector: str = _doc("Extra LogQL label matchers for every query, e.g. "
+                              "cluster=\"hpc1\".", default="")
+    victorialogs_url: str = _doc("VictoriaLogs base URL; empty: not used.", default="")
+    victorialogs_auth: str = _doc("none, bearer or basic.", default="none")
+    victorialogs_credentials_file: str = _doc("File with the bearer token or "
+                                              "user:password.", default="")
+    victorialogs_tenant: str = _doc("ACCOUNT:PROJECT ids sent as the AccountID and "
+                                    "ProjectID headers; empty: the default tenant.",
+                                    default="")
+    victorialogs_job_field: str = _doc("Field holding the Slurm job id; empty: no job feed.",
+                                       default="slurm_job_id")
+    victorialogs_host_field: str = _doc("Field holding the node name; empty: no node feed.",
+                                        default="host")
+    victorialogs_filter: str = _doc("Extra LogsQL filters for every query.", default="")
+    query_interval: float = _doc("Time between queries of one source for one job.",
+                                 duration=True, default=30.0)
+    timeout: float = _doc("A query taking longer than this fails (and is not retried).",
+                          duration=True, default=10.0)
+    retries: int = _doc("Retries after a refused connection, a 5xx or a 429 answer.",
+                        default=2)
+    ingest_delay: float = _doc("Data younger than this is left for the next query, as "
+                               "stores ingest late (VictoriaMetrics hides its newest 30s).",
+                               duration=True, default=30.0)
+    page_limit: int = _doc("Log lines per request (Loki caps it at 5000 by default).",
+                           default=1000)
+    max_pages: int = _doc("Requests per job per query interval; the rest waits for the "
+                          "next interval.", default=20)
+    cursor_dir: str = _doc("Where log cursors are kept; empty means "
+                           "<agent.state_dir>/cursors.", default="")
+
+
 SECTIONS: dict[str, type] = {"agent": AgentConfig, "scheduler": SchedulerConfig,
                              "store": StoreConfig, "api": ApiConfig, "hooks": HooksConfig,
-                             "policy": PolicyConfig}
+                             "policy": PolicyConfig, "sources": SourcesConfig}
 
 
 @dataclass(frozen=True)
@@ -209,6 +272,7 @@ class Config:
     api: ApiConfig = field(default_factory=ApiConfig)
     hooks: HooksConfig = field(default_factory=HooksConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    sources: SourcesConfig = field(default_factory=SourcesConfig)
     environments: Mapping[str, EnvironmentConfig] = field(
         default_factory=lambda: {"default": EnvironmentConfig()})
     source: str = ""
@@ -351,6 +415,52 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("policy.lemon_threshold: must not be negative")
     if pol.lemon_half_life <= 0:
         raise ConfigError("policy.lemon_half_life: must be above zero")
+    _validate_sources(cfg.sources)
+
+
+_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]*$")
+
+
+def _validate_sources(src: SourcesConfig) -> None:
+    """URLs without inline credentials, known auth kinds, label names a query can hold."""
+    for kind in ("prometheus", "loki", "victorialogs"):
+        url = getattr(src, f"{kind}_url")
+        if url and (not re.match(r"^https?://[^/@\s]+", url) or "@" in url.split("/")[2]):
+            raise ConfigError(f"sources.{kind}_url: must be an http(s) URL without "
+                              f"credentials in it (use {kind}_credentials_file)")
+        auth = getattr(src, f"{kind}_auth")
+        if auth not in ("none", "bearer", "basic"):
+            raise ConfigError(f"sources.{kind}_auth: must be none, bearer or basic, "
+                              f"got {auth!r}")
+        if auth != "none" and not getattr(src, f"{kind}_credentials_file"):
+            raise ConfigError(f"sources.{kind}_credentials_file: needed for {kind}_auth = "
+                              f"{auth}")
+    for key in ("prometheus_host_label", "prometheus_gpu_label", "prometheus_uuid_label"):
+        if not _LABEL.match(getattr(src, key)):
+            raise ConfigError(f"sources.{key}: {getattr(src, key)!r} is not a label name")
+    for key in ("loki_job_label", "loki_host_label"):
+        if getattr(src, key) and not _LABEL.match(getattr(src, key)):
+            raise ConfigError(f"sources.{key}: {getattr(src, key)!r} is not a label name")
+    for key in ("victorialogs_job_field", "victorialogs_host_field"):
+        if getattr(src, key) and not _FIELD.match(getattr(src, key)):
+            raise ConfigError(f"sources.{key}: {getattr(src, key)!r} is not a field name")
+    for key in ("prometheus_selector", "loki_selector"):
+        if any(c in getattr(src, key) for c in "{}"):
+            raise ConfigError(f"sources.{key}: matchers only, without braces")
+    if src.prometheus_host_rewrite not in ("none", "port", "domain"):
+        raise ConfigError("sources.prometheus_host_rewrite: must be none, port or domain")
+    if src.victorialogs_tenant and not re.match(r"^\d+:\d+$", src.victorialogs_tenant):
+        raise ConfigError("sources.victorialogs_tenant: expected ACCOUNT:PROJECT, e.g. 12:34")
+    if not 1 <= src.page_limit <= 5000:
+        raise ConfigError("sources.page_limit: must be 1-5000")
+    if not 1 <= src.max_pages <= 1000:
+        raise ConfigError("sources.max_pages: must be 1-1000")
+    if not 0 <= src.retries <= 10:
+        raise ConfigError("sources.retries: must be 0-10")
+    for key in ("query_interval", "timeout", "prometheus_step"):
+        if getattr(src, key) <= 0:
+            raise ConfigError(f"sources.{key}: must be above zero")
 
 
 def from_mapping(data: Mapping[str, Any], source: str = "") -> Config:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from slurm_hooks import spec as specs
@@ -36,8 +37,10 @@ class Outcome:
 
 class Decider:
     def __init__(self, cfg: Config, store: Store, scheduler: Scheduler | None = None,
-                 clock=time.time) -> None:
+                 clock=time.time, mono=time.monotonic) -> None:
         self.cfg, self.store, self.scheduler, self.clock = cfg, store, scheduler, clock
+        self.mono = mono
+        self._drained_at: deque[float] = deque()   # this process's drains, monotonic
         self.on_new_work: list = []   # callables: wake the actuator
 
     # -- the job's limits and history -------------------------------------
@@ -230,6 +233,8 @@ class Decider:
             "target_nodes": [node], "exclude": [],
             "status": "blocked_by_budget" if blocked else status,
             "error": blocked or None})
+        if not blocked:
+            self._drained_at.append(self.mono())
         if blocked:
             log.warning("drain of %s blocked: %s", node, blocked)
             self.store.add_event(common["job"], "blocked_by_budget",
@@ -242,6 +247,13 @@ class Decider:
         drains = self.store.db["recommendations"].count_where(
             "action = 'drain_node' and created >= ? and status in "
             "('proposed', 'executing', 'done', 'would_have')", [now - 3600])
+        # the wall clock may jump forward and age recent drains out of the
+        # hour; this process's own drains are also counted on the monotonic
+        # clock (a jump back only makes the query above count more)
+        mono = self.mono()
+        while self._drained_at and mono - self._drained_at[0] >= 3600:
+            self._drained_at.popleft()
+        drains = max(drains, len(self._drained_at))
         sizes: dict[str, int] = {}
         ours: dict[str, int] = {}
         partitions: tuple[str, ...] = ()

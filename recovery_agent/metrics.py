@@ -91,6 +91,14 @@ class StoreCollector:
         yield GaugeMetricFamily("recovery_store_failing",
                                 "1 while the last watch cycle failed",
                                 value=1 if self.store.health.get("error") else 0)
+        yield GaugeMetricFamily("recovery_pending_verdicts",
+                                "Ended attempts judged but not yet stored (kept in memory "
+                                "while the store cannot be written)",
+                                value=self.store.health.get("pending_verdicts", 0))
+        yield CounterMetricFamily("recovery_verdicts_dropped",
+                                  "Pending verdicts dropped because more than "
+                                  "MAX_PENDING_VERDICTS waited (the store failed for long)",
+                                  value=self.store.health.get("dropped_verdicts", 0))
         if self.counters is not None:
             family = CounterMetricFamily("recovery_ingest_requests",
                                          "Hook requests since the agent started, by outcome",

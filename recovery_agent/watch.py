@@ -10,6 +10,7 @@ next one runs (the loop never dies of one job's oddity).
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from .detect.checkpoint import CheckpointWatcher, newest_checkpoint
 from .detect.model import Detection, Evidence, Verdict
 from .detect.progress import HangDetector, StragglerDetector
 from .detect.scanner import Scanner
-from .errors import RecoveryError
+from .errors import RecoveryError, StoreError
 from .logs.tail import Tailer, lines_from_report
 from .scheduler.base import FINISHED_STATES, Job, Scheduler
 from .store import Store
@@ -34,6 +35,10 @@ SEEN_FLUSH_EVERY = 60.0  # unchanged jobs' last_seen is written this often
 # stragglers are judged over minutes of step times: a few seconds between looks
 # cost nothing in latency and most of the medians' CPU at 10,000 jobs
 STRAGGLER_CHECK_EVERY = 5.0
+# ended attempts whose verdict cannot be stored (a full or read-only store)
+# wait in memory, oldest dropped past this many: nothing is acted on unstored
+MAX_PENDING_VERDICTS = 5000
+STORE_ERRORS = (StoreError, sqlite3.Error)
 GONE_AFTER = 600.0  # a stored job slurmctld no longer lists is let go after this
 EPILOG_GRACE = 15.0  # how long a verdict waits for the nodes' epilog reports
 XID_SLACK = 120.0    # node clocks may lag the controller's by this much
@@ -55,6 +60,7 @@ class AttemptWatch:
     streams: dict = field(default_factory=dict)
     last_ckpt_scan: float = 0.0
     straggler_checked: float = float("-inf")
+    unstored: list = field(default_factory=list)  # (detection, time) the store refused
     saved_ckpt: object = None
     nodes: tuple[str, ...] = ()
     found: list = field(default_factory=list)   # this attempt's detections, for the verdict
@@ -73,6 +79,9 @@ class Watcher:
         self.scanner, self.tailer, self.clock = scanner, tailer, clock
         self.watches: dict[int, AttemptWatch] = {}   # by job row id
         self.closing: list[tuple[AttemptWatch, Job | None, float]] = []
+        # hang/straggler decisions the store refused: (job pk, attempt) -> args
+        self._pending_decisions: dict[tuple[int, int], tuple] = {}
+        self._deferred: Exception | None = None
         self._report_lines: list[tuple[int, int, dict]] = []
         self._report_lock = threading.Lock()
         self.cycles = 0
@@ -95,12 +104,15 @@ class Watcher:
             if j.array_task_id is not None:
                 self.store.adopt_printable_id(self.cfg.agent.cluster, j)
         self._register_comment_jobs(listing.values())
+        self._deferred: Exception | None = None
         self._sync(listing, now)
         found = self._scan(now)
         found += self._check(listing, now)
         self._close_attempts(now)
         self.cycles += 1
         self.detections += len(found)
+        if self._deferred is not None:
+            raise self._deferred
         return len(found)
 
     def _register_comment_jobs(self, jobs) -> None:
@@ -152,19 +164,26 @@ class Watcher:
             if self._stored.get(row["id"]) == stored and row["state"] == job.state:
                 self._follow(row, job, now)
                 continue
-            with self.store.lock:
-                self.store.record_job(job, cluster, env=row["env"], mode=row["mode"],
-                                      spec=row["spec"])
-                self.store.record_attempt(row["id"], job)
-                seen = (row["state"], row["restart_count"])
-                if seen != (job.state, job.restart_count) and row["state"] != "UNKNOWN":
-                    # Slurm's state changes, for the timeline
-                    self.store.add_event(row["id"], "slurm_state",
-                                         f"{row['state']} -> {job.state}"
-                                         + (f" ({job.reason})" if job.reason and
-                                            job.reason != "None" else ""),
-                                         attempt=job.restart_count, source="poller")
-            self._stored[row["id"]] = stored   # written: unchanged listings skip it now
+            try:
+                with self.store.lock:
+                    self.store.record_job(job, cluster, env=row["env"], mode=row["mode"],
+                                          spec=row["spec"])
+                    self.store.record_attempt(row["id"], job)
+                    seen = (row["state"], row["restart_count"])
+                    if seen != (job.state, job.restart_count) and row["state"] != "UNKNOWN":
+                        # Slurm's state changes, for the timeline
+                        self.store.add_event(row["id"], "slurm_state",
+                                             f"{row['state']} -> {job.state}"
+                                             + (f" ({job.reason})" if job.reason and
+                                                job.reason != "None" else ""),
+                                             attempt=job.restart_count, source="poller")
+            except STORE_ERRORS as exc:
+                # written again next cycle; the watch itself goes on, so an
+                # attempt that ended is still judged (its verdict waits in
+                # memory until the store takes it)
+                self._defer(exc)
+            else:
+                self._stored[row["id"]] = stored   # written: unchanged listings skip it
             self._follow(row, job, now)
         self._flush_last_seen(now)
 
@@ -259,18 +278,33 @@ class Watcher:
             if reports >= len(watch.nodes) or now >= deadline:
                 try:
                     self._verdict(watch, job, now)
+                except STORE_ERRORS as exc:   # kept in memory, judged next cycle
+                    self._defer(exc)
+                    waiting.append((watch, job, deadline))
                 except Exception as exc:  # noqa: BLE001 - kept, and judged next cycle
                     failed = failed or exc
                     waiting.append((watch, job, deadline))
             else:
                 waiting.append((watch, job, deadline))
+        if len(waiting) > MAX_PENDING_VERDICTS:
+            dropped, waiting = waiting[:-MAX_PENDING_VERDICTS], waiting[-MAX_PENDING_VERDICTS:]
+            health = self.store.health
+            health["dropped_verdicts"] = health.get("dropped_verdicts", 0) + len(dropped)
+            log.error("store unwritable for long: dropped %d pending verdict(s), oldest "
+                      "first (jobs %s); nothing was done to them", len(dropped),
+                      ", ".join(w.job_id for w, _, _ in dropped[:10]))
         self.closing = waiting
+        self.store.health["pending_verdicts"] = len(waiting)
         if failed is not None:
             raise failed
 
     def _verdict(self, watch: AttemptWatch, job: Job | None, now: float) -> None:
         """Who is to blame for how this attempt ended, recorded on the timeline,
         and (with a decider) what to do about it, in the same transaction."""
+        if watch.unstored:
+            self._store(watch, [], now)
+            if watch.unstored:   # still refused: the verdict waits with them
+                raise self._deferred or StoreError("store refused detections")
         node_fail = tuple(watch.nodes) if job is not None and job.state == "NODE_FAIL" else ()
         context = AttributionContext(nodes=tuple(watch.nodes),
                                      node_events=tuple(self._node_events(watch, now)),
@@ -305,6 +339,13 @@ class Watcher:
                                         trigger=trigger, job=job, nodes=tuple(watch.nodes),
                                         detections=detections, seen_at=seen,
                                         started=watch.started, verdict_event=event)
+        except STORE_ERRORS:
+            if trigger == "ended":
+                raise    # the ended attempt stays pending in self.closing
+            # a hang or straggler decision waits in memory for the store
+            self._pending_decisions[(watch.job_pk, watch.attempt)] = (verdict, trigger,
+                                                                      detections)
+            raise
         except RecoveryError as exc:
             log.error("job=%s attempt=%s no decision: %s", watch.job_id, watch.attempt, exc)
             if event:
@@ -377,8 +418,33 @@ class Watcher:
             path, self.scanner.stream(path))
         return stream.feed(text, lineno)
 
+    def _defer(self, exc: Exception) -> None:
+        """Remember the first store failure of this cycle; the cycle goes on
+        (in memory) and reports it at the end, so /healthz turns red."""
+        if self._deferred is None:
+            self._deferred = exc if isinstance(exc, StoreError) else StoreError(
+                f"store write failed: {exc}")
+
+    def _retry_decisions(self, listing: dict[str, Job]) -> None:
+        """Hang and straggler decisions the store refused, tried again while
+        their attempt still runs (once it ends, its own verdict decides)."""
+        for key, (verdict, trigger, detections) in list(self._pending_decisions.items()):
+            watch = self.watches.get(key[0])
+            job = listing.get(watch.job_id) if watch is not None else None
+            if watch is None or watch.attempt != key[1] or job is None \
+                    or job.state != "RUNNING" or job.restart_count != key[1]:
+                del self._pending_decisions[key]
+                continue
+            try:
+                self._decide(watch, job, verdict, trigger, detections)
+            except STORE_ERRORS as exc:
+                self._defer(exc)
+                return
+            self._pending_decisions.pop(key, None)
+
     def _check(self, listing: dict[str, Job], now: float) -> list[Detection]:
         found_all = []
+        self._retry_decisions(listing)
         for watch in list(self.watches.values()):
             job = listing.get(watch.job_id)
             found = []
@@ -394,23 +460,30 @@ class Watcher:
             self._store(watch, found, now)
             found_all += found
             if self.decider is not None and job is not None and job.state == "RUNNING" \
-                    and job.restart_count == watch.attempt:
-                if hang:
-                    context = AttributionContext(nodes=tuple(watch.nodes),
-                                                 node_events=tuple(self._node_events(watch,
-                                                                                     now)))
-                    self._decide(watch, job, attribute(watch.found, context), "hang",
-                                 all_detections(watch.found, context))
-                elif slow:
-                    hosts = tuple(d.host for d in slow if d.host)
-                    verdict = Verdict(blame="node" if hosts else "unknown",
-                                      category="straggler", action="kill_requeue",
-                                      confidence=0.6, nodes=hosts,
-                                      rests_on=tuple(range(len(watch.found) - len(slow),
-                                                           len(watch.found))),
-                                      reason=slow[0].detail)
-                    self._decide(watch, job, verdict, "straggler", list(watch.found))
+                    and job.restart_count == watch.attempt \
+                    and (watch.job_pk, watch.attempt) not in self._pending_decisions:
+                try:
+                    self._decide_running(watch, job, hang, slow, now)
+                except STORE_ERRORS as exc:
+                    self._defer(exc)
         return found_all
+
+    def _decide_running(self, watch: AttemptWatch, job: Job, hang: Detection | None,
+                        slow: list[Detection], now: float) -> None:
+        """Decide on a running attempt that hangs or straggles."""
+        if hang:
+            context = AttributionContext(nodes=tuple(watch.nodes),
+                                         node_events=tuple(self._node_events(watch, now)))
+            self._decide(watch, job, attribute(watch.found, context), "hang",
+                         all_detections(watch.found, context))
+        elif slow:
+            hosts = tuple(d.host for d in slow if d.host)
+            verdict = Verdict(blame="node" if hosts else "unknown", category="straggler",
+                              action="kill_requeue", confidence=0.6, nodes=hosts,
+                              rests_on=tuple(range(len(watch.found) - len(slow),
+                                                   len(watch.found))),
+                              reason=slow[0].detail)
+            self._decide(watch, job, verdict, "straggler", list(watch.found))
 
     def _checkpoint(self, watch: AttemptWatch, now: float) -> None:
         if watch.spec.ckpt and now - watch.last_ckpt_scan >= CKPT_SCAN_INTERVAL:
@@ -418,29 +491,44 @@ class Watcher:
             watch.ckpt.observe(newest_checkpoint(watch.spec.ckpt), watch.started)
         newest = watch.ckpt.newest
         if newest is not None and newest != watch.saved_ckpt:
+            try:
+                with self.store.lock, self.store.db.atomic():
+                    self.store.set_attempt_checkpoint(watch.job_pk, watch.attempt, newest.path,
+                                                      newest.step, newest.time)
+                    self.store.add_event(watch.job_pk, "checkpoint",
+                                         f"checkpoint {newest.path}"
+                                         + (f" step {newest.step}" if newest.step is not None
+                                            else ""), attempt=watch.attempt,
+                                         source=newest.source)
+            except STORE_ERRORS as exc:
+                self._defer(exc)   # written next time round
+                return
             watch.saved_ckpt = newest
-            with self.store.lock:
-                self.store.set_attempt_checkpoint(watch.job_pk, watch.attempt, newest.path,
-                                                  newest.step, newest.time)
-                self.store.add_event(watch.job_pk, "checkpoint",
-                                     f"checkpoint {newest.path}"
-                                     + (f" step {newest.step}" if newest.step is not None
-                                        else ""), attempt=watch.attempt, source=newest.source)
 
     def _store(self, watch: AttemptWatch, found: list[Detection], now: float) -> None:
-        if not found:
-            return
+        """Record detections (and any an unwritable store refused before). The
+        attempt's memory has them either way; the store gets them in order."""
         watch.found.extend(found)
         watch.found_at.extend([now] * len(found))
-        with self.store.lock:
-            for det in found:
-                self.store.record_detection(watch.job_pk, watch.attempt, det, ts=now)
-                self.store.add_event(watch.job_pk, "detected",
-                                     f"{det.rule} ({det.category})"
-                                     + (f" on {det.host}" if det.host else ""),
-                                     attempt=watch.attempt, source="watch")
-                log.info("job=%s attempt=%s detected=%s category=%s host=%s", watch.job_id,
-                         watch.attempt, det.rule, det.category, det.host)
+        for det in found:
+            log.info("job=%s attempt=%s detected=%s category=%s host=%s", watch.job_id,
+                     watch.attempt, det.rule, det.category, det.host)
+        todo = watch.unstored + [(det, now) for det in found]
+        if not todo:
+            return
+        try:
+            with self.store.lock, self.store.db.atomic():
+                for det, ts in todo:
+                    self.store.record_detection(watch.job_pk, watch.attempt, det, ts=ts)
+                    self.store.add_event(watch.job_pk, "detected",
+                                         f"{det.rule} ({det.category})"
+                                         + (f" on {det.host}" if det.host else ""),
+                                         attempt=watch.attempt, source="watch")
+        except STORE_ERRORS as exc:
+            watch.unstored = todo
+            self._defer(exc)
+            return
+        watch.unstored = []
 
     # -- running it --------------------------------------------------------
     def run_once(self) -> bool:

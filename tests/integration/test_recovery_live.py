@@ -253,6 +253,8 @@ def all_recs_of_array(agent, array_id: str) -> list[dict]:
 
 # -- 7 and 8: the agent dies mid-recovery ---------------------------------------------
 
+@pytest.mark.resilience("agent SIGKILLed mid-recovery, after each step",
+                        "a new agent finishes it: one requeue, the exclusion applied, the job running again")
 @pytest.mark.parametrize("crash_after", ["requeue_hold", "exclude", "start_now"])
 def test_agent_killed_mid_actuation_requeues_exactly_once(act_agent, submit, devcluster,
                                                           tmp_path, cleanup, crash_after):
@@ -277,6 +279,8 @@ def test_agent_killed_mid_actuation_requeues_exactly_once(act_agent, submit, dev
             again.stop()
     finally:
         act_agent.start()
+@pytest.mark.resilience("agent dead while a job is held",
+                        "recovery-ctl watchdog releases it after the decision timeout; audited")
 
 
 def test_watchdog_releases_a_held_job_while_the_agent_is_down(act_agent, submit, devcluster,
@@ -336,6 +340,8 @@ def test_drain_budget_blocks_the_second_drain(act_agent, submit, devcluster, tmp
 
 
 # -- slurmctld stops answering mid-recovery -------------------------------------------
+@pytest.mark.resilience("slurmctld frozen (SIGSTOP) 30 s mid-recovery",
+                        "nothing done while blind; finished once it answers; one requeue")
 
 def test_slurmctld_stopped_30s_mid_recovery_waits_then_finishes(act_agent, submit, devcluster,
                                                                 tmp_path, cleanup):

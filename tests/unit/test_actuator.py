@@ -247,7 +247,18 @@ def store(tmp_path, migrated):
 
 
 def make_actuator(store, slurm, clock, **policy) -> Actuator:
-    return Actuator(config(**policy), store, slurm, clock=lambda: clock[0])
+    """Wall clock ``clock[0]``; the monotonic clock moves with it except for
+    wall-clock jumps, recorded in ``clock[1]`` by :func:`jump`."""
+    return Actuator(config(**policy), store, slurm, clock=lambda: clock[0],
+                    mono=lambda: clock[0] - (clock[1] if len(clock) > 1 else 0.0))
+
+
+def jump(clock, seconds: float) -> None:
+    """Step the wall clock (an NTP step, a hand-set date); time itself goes on."""
+    if len(clock) == 1:
+        clock.append(0.0)
+    clock[0] += seconds
+    clock[1] += seconds
 
 
 def add_job_rec(store, slurm: FakeSlurm, action: str = "requeue_exclude",
@@ -934,8 +945,10 @@ def test_watchdog_runs_on_its_own(store, clock):
     t0 = clock[0]
     act.run_once()
     listing = {j.job_id: j for j in slurm.list_jobs()}
-    assert act.watchdog(listing, t0 + 59) == []
-    assert act.watchdog(listing, t0 + 61) == [rec_id]
+    clock[0] = t0 + 59
+    assert act.watchdog(listing, clock[0]) == []
+    clock[0] = t0 + 61
+    assert act.watchdog(listing, clock[0]) == [rec_id]
     assert store.rec(rec_id)["status"] == "released_by_watchdog"
     assert slurm.job["held"] is False
 
@@ -1225,3 +1238,48 @@ def test_a_requeue_the_controller_forgot_is_done_again_and_said_so(store, clock)
     details = [s["detail"] for s in store.steps(rec_id)
                if s["step"] == "requeue_hold" and s["state"] == "ok"]
     assert "again" not in details[0] and "again" in details[1]
+
+
+
+# -- clock jumps --------------------------------------------------------------
+
+@pytest.mark.resilience("clock jumps on the agent host during a decision",
+                        "a jump back does not keep a held job held past the timeout; a "
+                        "jump forward does not release it early; the drain budget still "
+                        "counts this hour's drains")
+@pytest.mark.parametrize("step", [-3 * 3600, +3 * 3600])
+def test_watchdog_times_holds_through_clock_jumps(store, clock, step):
+    slurm = FakeSlurm(state="FAILED")
+    rec_id = add_job_rec(store, slurm)
+    slurm.fail_next, slurm.fail_only = 99, {"set_excluded_nodes"}   # stuck while held
+    act = make_actuator(store, slurm, clock, decision_timeout="120s", action_retries=20,
+                        retry_backoff="1s")
+    act.run_once()
+    assert slurm.job["held"] and store.rec(rec_id)["held_at"]
+    jump(clock, step)
+    for _ in range(10):          # 100 s of real time: not yet the 120 s timeout
+        clock[0] += 10
+        act.run_once()
+    assert store.rec(rec_id)["status"] == "executing" and slurm.job["held"]
+    for _ in range(4):           # past 120 s: released, whichever way the clock went
+        clock[0] += 10
+        act.run_once()
+    rec = store.rec(rec_id)
+    assert rec["status"] == "released_by_watchdog" and not slurm.job["held"]
+    assert "held 1" in rec["error"]        # its real age, not hours
+
+
+def test_drain_budget_survives_a_forward_jump(store, clock):
+    from recovery_agent.decide import Decider
+    from recovery_agent.config import from_mapping
+    cfg = from_mapping({"policy": {"max_drains_per_hour": 1}})
+    mono = [0.0]
+    decider = Decider(cfg, store, None, clock=lambda: clock[0], mono=lambda: mono[0])
+    assert decider._over_budget("gpu1", clock[0]) == ""
+    decider._drained_at.append(mono[0])          # one drain made by this process...
+    clock[0] += 2 * 3600                           # ...then the wall clock leaps two hours
+    # (the store's wall-clock query no longer sees that drain in "the last hour")
+    mono[0] += 60                                  # one real minute later
+    assert "max_drains_per_hour" in decider._over_budget("gpu1", clock[0])
+    mono[0] += 3600                                # a real hour later: spent
+    assert decider._over_budget("gpu1", clock[0]) == ""

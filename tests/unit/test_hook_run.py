@@ -190,3 +190,83 @@ def test_health_check_reports_the_node(node):
     assert result.returncode == 0
     (report,) = spooled(node)
     assert report["hook"] == "health" and report["job"] is None and report["gpus"]["count"] == 2
+
+
+@pytest.mark.resilience("spool directory unwritable on a node",
+                        "the hook exits 0 (the job starts) and logs that the report was lost")
+@pytest.mark.parametrize("breakage", ["a file where the directory should be",
+                                      "an immutable directory"])
+def test_unwritable_spool_still_exits_zero_and_logs(node, breakage):
+    spool = node / "spool"
+    if breakage.startswith("a file"):
+        spool.write_text("not a directory\n")
+    else:
+        spool.mkdir()
+        subprocess.run(["chattr", "+i", str(spool)], check=True)   # root ignores modes
+    try:
+        for hook in ("prolog", "epilog", "health"):
+            result = run_hook(node, hook)
+            assert result.returncode == 0, (hook, result.stderr)
+    finally:
+        if spool.is_dir():
+            subprocess.run(["chattr", "-i", str(spool)], check=False)
+    log = (node / "hooks.log").read_text()
+    assert "spool" in log and ("lost" in log or "cannot" in log or "failed" in log), log
+
+
+@pytest.mark.resilience("network partition between a node and the agent",
+                        "a black-holed agent URL times out; the report is spooled, then "
+                        "replayed by the next hook once the agent answers")
+def test_black_holed_agent_spools_then_replays(node, configure):
+    import http.server
+    import threading
+    import time
+    # a listener that never accepts: connections hang in the backlog like
+    # packets dropped on the way
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(0)
+    filler = []
+    for _ in range(3):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(hole.getsockname())
+        filler.append(s)
+    try:
+        configure(agent_url=f"http://127.0.0.1:{hole.getsockname()[1]}", timeout="500ms")
+        started = time.monotonic()
+        assert run_hook(node, "prolog").returncode == 0
+        assert time.monotonic() - started < 20
+        assert len(spooled(node)) == 1
+    finally:
+        for s in filler:
+            s.close()
+        hole.close()
+    got: list[dict] = []
+
+    class Agent(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            got.append(json.loads(body))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"ok": true}')
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Agent)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        # the partition heals: the next hook's delivery replays the spool first
+        # (unsigned here: no munged runs in the unit suite)
+        from slurm_hooks.delivery import Deliverer
+        deliverer = Deliverer(f"http://127.0.0.1:{server.server_port}", 5.0, node / "spool",
+                              sign=False)
+        assert deliverer.deliver("epilog", "r2", json.dumps({"hook": "epilog"}).encode()) \
+            in ("sent", "duplicate")
+    finally:
+        server.shutdown()
+    assert [r["hook"] for r in got] == ["prolog", "epilog"]   # the old one first
+    assert spooled(node) == []

@@ -25,6 +25,8 @@ EVIL = ["recovery=prod;rm -rf /", "recovery=prod:action,ckpt=/x$(reboot)",
         "recovery=\u202eprod", "recovery=prod\x00:action"]
 
 
+@pytest.mark.resilience("hostile input: a --comment=recovery= spec with injection attempts",
+                        "refused, logged, the job only monitored")
 @pytest.mark.parametrize("comment", EVIL)
 def test_comment_spec_injection_is_refused_and_only_monitored(tmp_path, comment):
     raw = specs.from_comment(comment)
@@ -39,6 +41,8 @@ class Listing:
 
     def list_jobs(self, job_ids=None):
         return list(self.jobs)
+@pytest.mark.resilience("hostile input: shell metacharacters and unicode in names, comments and paths",
+                        "stored and shown as data, never interpreted")
 
 
 def test_hostile_job_names_and_comments_are_stored_as_data(tmp_path):
@@ -73,9 +77,13 @@ def _fake_squeue(tmp_path, text: str) -> CliScheduler:
 
 @pytest.mark.parametrize("text", ['{"jobs": [', "not json at all", '{"jobs": "x"}', "[]",
                                   '{"meta": 5, "jobs": {}}', ""])
+@pytest.mark.resilience("hostile input: malformed JSON from squeue/sinfo",
+                        "a SchedulerError naming the command, never a crash")
 def test_malformed_squeue_output_is_a_scheduler_error(tmp_path, text):
     with pytest.raises(SchedulerError, match="squeue"):
         _fake_squeue(tmp_path, text).list_jobs()
+@pytest.mark.resilience("hostile input: malformed JSON from squeue/sinfo",
+                        "one bad job record is skipped, the others are watched")
 
 
 def test_one_malformed_record_does_not_hide_the_others(tmp_path):
@@ -85,6 +93,8 @@ def test_one_malformed_record_does_not_hide_the_others(tmp_path):
                     {"job_id": 5, "restart_cnt": "x", "nodes": 7, "standard_output": 5}]
     jobs = _fake_squeue(tmp_path, json.dumps(doc)).list_jobs()
     assert len(jobs) == good and all(j.numeric_id for j in jobs)
+@pytest.mark.resilience("hostile input: shell metacharacters and unicode in names, comments and paths",
+                        "the argv seam passes them verbatim, no shell")
 
 
 def test_runner_never_uses_a_shell_even_for_metacharacters(tmp_path):
@@ -97,6 +107,8 @@ def test_runner_never_uses_a_shell_even_for_metacharacters(tmp_path):
     assert out == argv[1:]
     with pytest.raises(TypeError):
         runner.run("scontrol show job 7; reboot")
+@pytest.mark.resilience("hostile input: 10 MB log lines",
+                        "capped at 64 KiB; the next line still arrives")
 
 
 def test_a_ten_megabyte_line_is_capped_not_swallowed(tmp_path):
@@ -112,6 +124,8 @@ def test_a_ten_megabyte_line_is_capped_not_swallowed(tmp_path):
             break
     assert lines[-1].text == "step 2"
     assert max(len(line.text) for line in lines) <= 64 * 1024
+@pytest.mark.resilience("hostile input: shell metacharacters and unicode in names, comments and paths",
+                        "the hook wrapper never evaluates the comment")
 
 
 def test_hook_wrapper_shell_fast_path_does_not_evaluate_the_comment(tmp_path):
@@ -127,6 +141,8 @@ def test_hook_wrapper_shell_fast_path_does_not_evaluate_the_comment(tmp_path):
     assert result.returncode == 0 and not marker.exists()
 
 
+@pytest.mark.resilience("hostile input: malformed JSON from squeue/sinfo",
+                        "sinfo's too")
 @pytest.mark.parametrize("text", ['{"nodes": 5}', '{"nodes": [null]}', "[1, 2]"])
 def test_malformed_sinfo_output_is_a_scheduler_error(tmp_path, text):
     sched = _fake_squeue(tmp_path, text)
@@ -134,3 +150,25 @@ def test_malformed_sinfo_output_is_a_scheduler_error(tmp_path, text):
     (tmp_path / "bin" / "sinfo").chmod(0o755)
     with pytest.raises(SchedulerError, match="sinfo"):
         sched.list_nodes()
+
+
+@pytest.mark.resilience("hostile input: huge node lists from squeue",
+                        "a 20,000-node hostlist expands once, correctly, and the watch "
+                        "cycle handles the job")
+def test_a_twenty_thousand_node_job(tmp_path):
+    doc = slurm_fixture("22.05", "squeue_all.json")
+    big = next(j for j in doc["jobs"] if j["job_state"] == "RUNNING")
+    big.update(nodes="gpu[00000-19999]", node_count=20000, comment="recovery=prod",
+               standard_output=str(tmp_path / "big.out"))
+    (tmp_path / "big.out").write_text("step 1\n")
+    sched = _fake_squeue(tmp_path, json.dumps(doc, indent=2))
+    job = next(j for j in sched.list_jobs() if j.numeric_id == big["job_id"])
+    assert len(job.nodes) == 20000 and job.nodes[0] == "gpu00000" \
+        and job.nodes[-1] == "gpu19999"
+    cfg = from_mapping({"agent": {"cluster": "c1"}})
+    store = Store(tmp_path / "r.db")
+    watcher = Watcher(cfg, store, sched, Scanner(load_rules(), engine="re"),
+                      Tailer(MemoryCursorStore()))
+    assert watcher.run_once() is True
+    assert any(w.job_id == job.job_id and len(w.nodes) == 20000
+               for w in watcher.watches.values())

@@ -176,6 +176,8 @@ BAD = [
 ]
 
 
+@pytest.mark.resilience("hostile input: hook bodies with wrong types",
+                        "refused whole with 400 naming the field; nothing half-stored")
 @pytest.mark.parametrize("change, field", BAD, ids=[f for _, f in BAD])
 def test_bad_reports_are_refused_whole(app, change, field):
     body = report(xids=[XID79])
@@ -205,3 +207,18 @@ def test_validate_rejects_non_objects():
         validate("prolog", [report()])
     with pytest.raises(ReportError):
         validate("prolog", copy.deepcopy(report(gpus={"gpus": [GPU0] * 65})))
+
+
+@pytest.mark.resilience("hostile input: huge node names and lists in hook bodies",
+                        "refused or capped with 400, nothing stored, the agent answers on")
+@pytest.mark.parametrize("change", [{"node": "n" * 100_000},
+                                    {"xids": [XID79] * 20_000},
+                                    {"log_lines": [{"text": "x"}] * 50_000}],
+                         ids=["100k-char node", "20k xids", "50k log lines"])
+def test_huge_reports_are_refused_not_swallowed(app, change):
+    body = report()
+    body.update(change)
+    resp = post(app, "prolog", body)
+    assert resp.status_code in (400, 413), resp.text[:200]
+    assert app.store.db["node_reports"].count == 0
+    assert post(app, "prolog", report()).status_code in (200, 201)   # still answering

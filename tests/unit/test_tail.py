@@ -116,6 +116,8 @@ def test_huge_line_written_in_pieces_is_capped(tmp_path):
     assert [(len(l.text), l.capped) for l in lines] == [(100, True), (4, False)]
 
 
+@pytest.mark.resilience("log file deleted, truncated or swapped for a symlink while tailed",
+                        "a truncated log is read again from its start, logged")
 def test_truncation_restarts_from_zero(tmp_path, caplog):
     path = tmp_path / "out"
     write(path, "a\nb\nc\n")
@@ -357,6 +359,8 @@ def test_a_rotation_that_uses_up_the_budget_reads_the_new_file_next_poll(tmp_pat
     assert [(l.lineno, l.text) for l in t.poll()] == [(1, "new")]
 
 
+@pytest.mark.resilience("log file deleted, truncated or swapped for a symlink while tailed",
+                        "a log swapped for a symlink to a secret is never read; the refusal is recorded")
 def test_log_swapped_for_a_symlink_is_not_read(tmp_path):
     secret = tmp_path / "shadow"
     secret.write_text("root:$6$secret:19000:0:99999:7:::\n")
@@ -372,6 +376,8 @@ def test_log_swapped_for_a_symlink_is_not_read(tmp_path):
     assert "symbolic link" in tailer.errors[str(log)]
 
 
+@pytest.mark.resilience("log file deleted, truncated or swapped for a symlink while tailed",
+                        "paths and links leading outside agent.log_roots are refused")
 def test_paths_outside_the_allowed_roots_are_not_followed(tmp_path):
     inside, outside = tmp_path / "scratch", tmp_path / "etc"
     inside.mkdir()
@@ -385,3 +391,20 @@ def test_paths_outside_the_allowed_roots_are_not_followed(tmp_path):
     tailer.add(outside / "passwd", "c")
     assert [(l.key, l.text) for l in tailer.poll()] == [("a", "step 1")]
     assert set(tailer.refused) == {str(inside / "sneaky.out"), str(outside / "passwd")}
+
+
+@pytest.mark.resilience("log file deleted, truncated or swapped for a symlink while tailed",
+                        "no crash; lines before the change delivered once; a new file of "
+                        "the same name is read from its start; links never followed")
+def test_log_deleted_while_tailed_then_recreated(tmp_path):
+    log = tmp_path / "job.out"
+    write(log, "step 1\nstep 2\n")
+    tailer = Tailer(MemoryCursorStore())
+    tailer.add(log, "k")
+    assert texts(drain(tailer)) == ["step 1", "step 2"]
+    write(log, "step 3\n")
+    log.unlink()                       # deleted with an unread line in it
+    got = texts(drain(tailer))
+    assert got in ([], ["step 3"])     # read before the unlink was noticed, or lost with it
+    write(log, "fresh 1\n", "wb")      # the job (or a rerun) creates it again
+    assert texts(drain(tailer)) == ["fresh 1"]
