@@ -63,6 +63,8 @@ bench: deps build
 	$(BIN)/python -m tests.benchmarks.bench_tail --out docs/benchmarks-tail.md
 	$(BIN)/python -m tests.benchmarks.bench_recovery --out docs/benchmarks-recovery.md
 	$(BIN)/python -m tests.benchmarks.bench_scale --out docs/benchmarks-scale.md
+	$(BIN)/python -m tests.benchmarks.bench_burst --out docs/benchmarks-burst.md
+	$(BIN)/python -m tests.benchmarks.summary | tee docs/benchmarks.md
 
 resilience: deps build
 	@$(BIN)/recovery-devcluster up --state-dir $(TEST_STATE_DIR) --port $(TEST_PORT)

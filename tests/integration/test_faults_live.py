@@ -202,9 +202,15 @@ def _assert_reconciled(devcluster, result: dict) -> None:
             attempts = [r["attempt"] for r in recs(agent, row[0], "job")]
             assert len(attempts) == len(set(attempts)), f"job {job_id}: two recs per attempt"
             if job is not None:
-                assert job.restart_count >= len(done), (job_id, job.restart_count, done)
-                for rec in done:
-                    assert steps(agent, rec["id"]).count("requeue_hold") == 1
+                # every requeue Slurm counted came from one of our decisions, once:
+                # a kill between the call and its "ok" leaves only "started", and
+                # the restarted agent carries on without calling it again
+                tried = [r for r in recs(agent, row[0], "job")
+                         if "requeue_hold" in steps(agent, r["id"], "started")]
+                assert len(done) <= job.restart_count <= len(tried), \
+                    (job_id, job.restart_count, done, tried)
+                for rec in tried:
+                    assert steps(agent, rec["id"]).count("requeue_hold") <= 1
                 # nothing stranded: a job of ours is never left held
                 assert not (job.is_pending and job.held), f"job {job_id} left held"
     finally:
@@ -222,6 +228,7 @@ def test_agent_killed_three_times_under_load(devcluster, submit, tmp_path, clean
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 @pytest.mark.resilience("agent SIGKILLed at a random point, 20 times in a row, under load",
                         "every recommendation reconciles; one requeue per decision; no job "
                         "left held")
