@@ -262,9 +262,13 @@ class Decider:
                 listed = self.scheduler.list_nodes()
             except SchedulerError as exc:
                 return f"cannot check the drain budget, Slurm unreachable: {exc}"
+            # drains on their way count; monitor mode's would-have drains stand
+            # in for drains only for a day, or they would fill the budget for
+            # good (and count against real drains after a switch to action)
             pending = {r["target_nodes"][0] for r in self.store.recommendations(
                 ("proposed", "executing", "would_have")) if r["action"] == "drain_node"
-                and r["target_nodes"]}
+                and r["target_nodes"] and (r["status"] != "would_have"
+                                           or (r["created"] or 0) >= now - 86400)}
             drained = {r["name"] for r in self.store.db["nodes"].rows_where(
                 "drained_by_us = 1")} | pending
             for n in listed:

@@ -710,3 +710,20 @@ def test_the_kth_interconnect_failure_on_a_node_drains_it(tmp_path):
         .interconnect_strikes == {"n6": 2}
     job = slurm_job(job_id="90", nodes=("n6", "n5"))
     assert run(r, register(r, job), job, hw).decision.drain == ()
+
+
+def test_old_monitor_mode_drains_do_not_fill_the_partition_share(tmp_path):
+    """would-have drains stand in for drains for a day only: months of monitor
+    mode must not block every drain after the switch to action."""
+    r = rig(tmp_path, mode="monitor", count=10, max_drains_per_hour=100,
+            max_drained_percent=10)   # one node in ten may be drained
+    job = slurm_job()
+    pk = register(r, job)
+    run(r, pk, job, HW, detections=[XID])
+    (old,) = [x for x in r.store.recommendations(("would_have",))
+              if x["action"] == "drain_node"]
+    assert r.decider._over_budget("n2", r.now) != ""          # a day-fresh one counts
+    r.store.db.execute("update recommendations set created = ? where id = ?",
+                       [r.now - 2 * 86400, old["id"]])
+    r.decider._drained_at.clear()                             # (the hourly ledger)
+    assert r.decider._over_budget("n2", r.now) == ""          # a two-day-old one does not

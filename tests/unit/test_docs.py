@@ -1,0 +1,150 @@
+"""The docs cover every config key and every command, match what their generator
+writes now, and link only to files that exist."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from recovery_agent import configref
+from slurm_hooks import settings as hook_settings
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+CONFIG_REF = DOCS / "reference-config.md"
+CLI_REF = DOCS / "reference-cli.md"
+
+_FENCE = re.compile(r"^[ \t]*(```|~~~).*?^[ \t]*\1[ \t]*$", re.MULTILINE | re.DOTALL)
+_CODE_SPAN = re.compile(r"`+[^`]*`+")
+_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def links(markdown: str) -> list[str]:
+    """Link targets of a Markdown text, outside code blocks and code spans."""
+    prose = _CODE_SPAN.sub("", _FENCE.sub("", markdown))
+    return _LINK.findall(prose)
+
+
+def anchors(markdown: str) -> set[str]:
+    """GitHub's anchors for the headings of a Markdown text."""
+    seen: dict[str, int] = {}
+    out = set()
+    for line in _FENCE.sub("", markdown).splitlines():
+        match = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not match:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", match.group(1).lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        out.add(slug if count == 0 else f"{slug}-{count}")
+    return out
+
+
+def test_config_reference_is_current():
+    assert CONFIG_REF.read_text() == configref.config_reference(), (
+        f"docs/reference-config.md is stale; regenerate it: {configref.CONFIG_COMMAND}")
+
+
+def test_cli_reference_is_current():
+    assert CLI_REF.read_text() == configref.cli_reference(), (
+        f"docs/reference-cli.md is stale; regenerate it: {configref.CLI_COMMAND}")
+
+
+def test_every_config_key_is_in_the_reference():
+    text = CONFIG_REF.read_text()
+    keys = configref.config_keys()
+    assert "environments.NAME.mode" in keys and "hooks.agent_url" in keys
+    missing = [key for key in keys if f"`{key}`" not in text]
+    assert not missing, (f"undocumented config keys {missing}; regenerate: "
+                         f"{configref.CONFIG_COMMAND}")
+
+
+def test_every_hooks_setting_is_explained_and_documented():
+    undocumented = sorted(set(hook_settings.DEFAULTS) - set(configref.HOOK_USAGE))
+    assert not undocumented, (f"[hooks] settings {undocumented} need a line in "
+                              "recovery_agent/configref.py HOOK_USAGE")
+    assert not set(configref.HOOK_USAGE) - set(hook_settings.DEFAULTS), \
+        "HOOK_USAGE explains a setting the hooks no longer read"
+    text = CONFIG_REF.read_text()
+    assert all(f"`hooks.{key}`" in text for key in hook_settings.DEFAULTS)
+
+
+def test_generator_refuses_an_unexplained_hooks_setting(monkeypatch):
+    monkeypatch.setitem(hook_settings.DEFAULTS, "new_setting", "")
+    with pytest.raises(SystemExit, match="new_setting"):
+        configref.config_reference()
+
+
+def test_every_environment_variable_form_is_listed():
+    text = CONFIG_REF.read_text()
+    for key in configref.config_keys():
+        section, _, name = key.partition(".")
+        if section != "environments":
+            assert f"`{configref.env_var(section, name)}`" in text, key
+
+
+@pytest.mark.parametrize("program", ["recovery-ctl", "recovery-agent",
+                                     "recovery-devcluster"])
+def test_every_command_is_in_the_cli_reference(program):
+    text = CLI_REF.read_text()
+    paths = configref.cli_commands(program)
+    assert paths and paths[0] == program
+    missing = [path for path in paths
+               if not re.search(rf"^#{{2,3}} {re.escape(path)}$", text, re.MULTILINE)]
+    assert not missing, (f"commands missing from docs/reference-cli.md: {missing}; "
+                         f"regenerate: {configref.CLI_COMMAND}")
+
+
+def test_ctl_commands_cover_the_known_verbs():
+    paths = set(configref.cli_commands("recovery-ctl"))
+    for verb in ("show jobs", "show job", "show nodes", "show node", "show recommendations",
+                 "show config", "mode", "exclude", "include", "ack", "cancel", "audit",
+                 "report", "check", "watchdog", "patterns test"):
+        assert f"recovery-ctl {verb}" in paths, verb
+
+
+def test_every_ctl_command_has_help_with_an_example():
+    import click
+    lacking = [path for path, cmd, _ in configref.walk(
+        dict(configref._programs())["recovery-ctl"], "recovery-ctl")
+        if not isinstance(cmd, click.Group) and "Example" not in (cmd.help or "")]
+    assert not lacking, f"commands without help and an example: {lacking}"
+
+
+def test_every_metric_is_explained_in_operations():
+    source = (REPO / "recovery_agent" / "metrics.py").read_text()
+    names = sorted(set(re.findall(r"\"(recovery_[a-z0-9_]+)\"", source)))
+    assert "recovery_detection_latency_seconds" in names and len(names) >= 10
+    text = (DOCS / "operations.md").read_text()
+    missing = [name for name in names if f"`{name}" not in text]
+    assert not missing, f"metrics not explained in docs/operations.md: {missing}"
+
+
+def test_link_finder_skips_code():
+    text = ("[a](install.md) `[b](nope.md)` ![c](img.png)\n"
+            "```\n[d](nope2.md)\n```\n[e](https://x.org) [f](#top)\n")
+    assert links(text) == ["install.md", "img.png", "https://x.org", "#top"]
+    assert anchors("# Top\n## recovery-ctl show jobs\n## Top\n") == {
+        "top", "recovery-ctl-show-jobs", "top-1"}
+
+
+def test_relative_links_in_docs_resolve():
+    pages = sorted(DOCS.glob("*.md"))
+    assert {"install.md", "rollout.md", "users.md", "operations.md", "extending.md",
+            "reference-config.md", "reference-cli.md"} <= {p.name for p in pages}
+    broken = []
+    for page in pages:
+        text = page.read_text()
+        for target in links(text):
+            if _SCHEME.match(target):
+                continue
+            path, _, fragment = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif fragment and dest.suffix == ".md" and fragment not in anchors(
+                    dest.read_text()):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, "broken links in docs/: " + "; ".join(broken)
