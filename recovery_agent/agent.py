@@ -38,10 +38,24 @@ def load_scanner(cfg: Config):
     return Scanner(load_rules(site))
 
 
+def source_poller(cfg: Config, scanner):
+    """A poller over the external sources the config names (GPU metrics, log
+    stores), or None when it names none. Raises ConfigError for an unreadable
+    credentials file."""
+    from .sources import SourcePoller, build_sources
+    sources = build_sources(cfg, scanner.rules)
+    if not sources:
+        return None
+    log.info("asking external sources every %.0fs: %s", cfg.sources.query_interval,
+             ", ".join(f"{s.name} ({s.endpoint.label})" for s in sources))
+    return SourcePoller(sources)
+
+
 def start_watch(cfg: Config, store: Store, sched: Scheduler, ingest: Ingest,
-                scanner=None, stop: threading.Event | None = None) -> threading.Event:
+                scanner=None, stop: threading.Event | None = None,
+                sources=None) -> threading.Event:
     """The watch loop and the actuator in background threads; set the returned
-    event to stop them."""
+    event to stop them. ``sources``: a SourcePoller (see :func:`source_poller`)."""
     from .actuator import Actuator
     from .decide import Decider
     from .logs.tail import SqliteCursorStore, Tailer
@@ -52,7 +66,7 @@ def start_watch(cfg: Config, store: Store, sched: Scheduler, ingest: Ingest,
     decider = Decider(cfg, store, sched)
     decider.on_new_work.append(actuator.wake.set)
     tailer = Tailer(SqliteCursorStore(store), allowed_roots=cfg.allowed_log_roots)
-    watcher = Watcher(cfg, store, sched, scanner, tailer, decider=decider)
+    watcher = Watcher(cfg, store, sched, scanner, tailer, decider=decider, sources=sources)
     ingest.log_listeners.append(watcher.report_lines)
     stop = stop or threading.Event()
     threading.Thread(target=watcher.run_forever, args=(stop,), name="watch",
@@ -65,7 +79,7 @@ def start_watch(cfg: Config, store: Store, sched: Scheduler, ingest: Ingest,
 
 
 def watch_when_ready(cfg: Config, store: Store, ingest: Ingest, scanner,
-                     stop: threading.Event, retry: float = 5.0) -> None:
+                     stop: threading.Event, retry: float = 5.0, sources=None) -> None:
     """Slurm was unreachable at start: keep trying, then start watching (an agent
     restarted during a slurmctld outage must not stay deaf once it is back)."""
     def loop() -> None:
@@ -73,7 +87,7 @@ def watch_when_ready(cfg: Config, store: Store, ingest: Ingest, scanner,
             sched = scheduler_for(cfg)
             if sched is not None:
                 ingest.attach_jobs(JobCache(sched))
-                start_watch(cfg, store, sched, ingest, scanner, stop)
+                start_watch(cfg, store, sched, ingest, scanner, stop, sources)
                 return
     threading.Thread(target=loop, name="wait-for-slurm", daemon=True).start()
 
@@ -115,13 +129,14 @@ def main(config_path: str | None, bind: str | None, port: int | None, no_watch: 
     if not no_watch:
         try:
             scanner = load_scanner(cfg)
+            sources = source_poller(cfg, scanner)
         except RecoveryError as exc:
             raise click.ClickException(str(exc)) from None
         if sched is not None:
-            start_watch(cfg, store, sched, ingest, scanner, stop)
+            start_watch(cfg, store, sched, ingest, scanner, stop, sources)
         else:
             log.warning("not watching jobs until Slurm answers (retrying every 5s)")
-            watch_when_ready(cfg, store, ingest, scanner, stop)
+            watch_when_ready(cfg, store, ingest, scanner, stop, sources=sources)
     host, listen_port = bind or cfg.api.bind, port or cfg.api.port
     log.info("agent listening on %s:%s, store %s", host, listen_port, cfg.store_path)
     try:

@@ -5,6 +5,10 @@ can run; slurm.conf runs our Prolog, Epilog and HealthCheckProgram; the SPANK
 plugin is in plugstack; munge signs and verifies; the agent answers; the
 site's pattern packs load; the state and log paths are usable. Slurm's own
 settings come from ``scontrol show config`` through the one argv seam.
+
+``check --sources`` (:func:`check_sources_of`) instead probes the external
+sources (Prometheus/VictoriaMetrics, Loki, VictoriaLogs) against the cluster's
+nodes and running opted-in jobs.
 """
 from __future__ import annotations
 
@@ -156,3 +160,89 @@ def run_checks(cfg: Config) -> list[Result]:
         readable = os.access(cfg.agent.patterns_dir, os.R_OK)
         results.append(Result("patterns_dir", readable, cfg.agent.patterns_dir))
     return results
+
+
+# -- check --sources ------------------------------------------------------------------
+
+@dataclass
+class SourcesReport:
+    """What ``recovery-ctl check --sources`` found: one result per configured
+    source, judged against the cluster's nodes and its running opted-in jobs;
+    ``notes`` say where those came from, or why they are missing."""
+
+    results: list
+    nodes: list[str]
+    jobs: dict[str, list[str]]
+    notes: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.results) and all(r.ok for r in self.results)
+
+
+def check_sources_of(cfg: Config, scheduler=None, store=None,
+                     now: float | None = None) -> SourcesReport:
+    """Probe every source the config names (see :mod:`recovery_agent.sources.check`).
+
+    Nodes come from ``sinfo`` through ``scheduler`` (made from the config when
+    None); running opted-in jobs are the store's RUNNING jobs (``store``, else
+    the config's store file when readable) placed with ``squeue``. Slurm or the
+    store being unavailable narrows the check, with a note, but does not fail
+    it. Raises ConfigError when a credentials file cannot be read.
+    """
+    from .sources import build_sources, check_sources
+    sources = build_sources(cfg)
+    if not sources:
+        return SourcesReport([], [], {}, [])
+    notes: list[str] = []
+    if scheduler is None:
+        from .scheduler import select_scheduler
+        try:
+            scheduler = select_scheduler(cfg.scheduler.backend, _runner(cfg))
+        except RecoveryError as exc:
+            notes.append(f"Slurm unavailable ({exc}): nodes and jobs not checked")
+    nodes = _node_names(scheduler, notes)
+    jobs = _running_jobs(cfg, scheduler, store, notes)
+    return SourcesReport(check_sources(sources, nodes, jobs, now=now), nodes, jobs, notes)
+
+
+def _node_names(scheduler, notes: list[str]) -> list[str]:
+    if scheduler is None:
+        return []
+    try:
+        return sorted(n.name for n in scheduler.list_nodes())
+    except RecoveryError as exc:
+        notes.append(f"sinfo failed ({exc}): nodes not checked")
+        return []
+
+
+def _running_jobs(cfg: Config, scheduler, store, notes: list[str]) -> dict[str, list[str]]:
+    """Job id -> nodes of the opted-in jobs the store has RUNNING and squeue agrees."""
+    if scheduler is None:
+        return {}
+    ids = _store_running_ids(cfg, store, notes)
+    if not ids:
+        return {}
+    try:
+        listed = scheduler.list_jobs(ids)
+    except RecoveryError as exc:
+        notes.append(f"squeue failed ({exc}): jobs not checked")
+        return {}
+    return {j.job_id: list(j.nodes) for j in listed if j.state == "RUNNING" and j.nodes}
+
+
+def _store_running_ids(cfg: Config, store, notes: list[str]) -> list[str]:
+    from .store import Store
+    cluster = cfg.agent.cluster
+    if store is not None:
+        return [r["job_id"] for r in store.jobs("RUNNING") if r["cluster"] == cluster]
+    path = cfg.store_path
+    if not (path.exists() and os.access(path, os.R_OK)):
+        notes.append(f"no readable store at {path}: running jobs not checked")
+        return []
+    try:
+        with Store(path) as opened:
+            return [r["job_id"] for r in opened.jobs("RUNNING") if r["cluster"] == cluster]
+    except RecoveryError as exc:
+        notes.append(f"store {path}: {exc}: running jobs not checked")
+        return []

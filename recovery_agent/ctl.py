@@ -734,24 +734,44 @@ def watchdog(config_path, db_path, force: bool) -> None:
 
 @main.command()
 @_config_option
+@click.option("--sources", "sources", is_flag=True,
+              help="Check the external sources instead (GPU metrics, log stores): "
+                   "reachable, recent data for the nodes and running jobs, the "
+                   "configured labels, lag.")
 @_json_option
-def check(config_path, as_json) -> None:
+def check(config_path, sources, as_json) -> None:
     """Is this installation ready? Checks the config, the store, Slurm, the hooks
     in slurm.conf, the SPANK plugin in plugstack, munge, the agent, the pattern
     packs and the state dir, with one PASS/FAIL line each. Exits 1 on any FAIL
     (WARN lines are optional parts).
 
+    With --sources, checks each configured external source instead
+    (sources.prometheus_url, loki_url, victorialogs_url): it answers, holds
+    data from the last 15 minutes for the nodes sinfo lists and for the
+    running opted-in jobs, carries the labels the label map names, and lags
+    real time by under 5 minutes. One PASS/FAIL line per source, with the
+    reason, then a summary; exits 1 on any FAIL, or when no source is
+    configured. Run it before switching an environment to action mode: a FAIL
+    means the agent would decide without what that source knows.
+
     \b
     Example:
         RECOVERY_CONFIG=/etc/slurm-recovery/recovery.toml recovery-ctl check
+        recovery-ctl check --sources
+        RECOVERY_SOURCES_PROMETHEUS_URL=http://prom:9090 recovery-ctl check --sources
     """
-    from .check import run_checks
     from .config import load
     try:
         cfg = load(config_path)
     except RecoveryError as exc:
+        if sources:
+            raise click.ClickException(str(exc)) from None
         click.echo(f"FAIL  config: {exc}")
         raise SystemExit(1) from None
+    if sources:
+        _check_sources(cfg, as_json)
+        return
+    from .check import run_checks
     results = run_checks(cfg)
     if as_json:
         _dump([{"check": r.name, "result": r.word, "detail": r.detail} for r in results])
@@ -764,6 +784,34 @@ def check(config_path, as_json) -> None:
         click.echo(f"{len(results) - len(failed)} of {len(results)} checks passed"
                    + (f"; failed: {', '.join(r.name for r in failed)}" if failed else ""))
     if failed:
+        raise SystemExit(1)
+
+
+def _check_sources(cfg, as_json: bool) -> None:
+    from dataclasses import asdict
+
+    from .check import check_sources_of
+    from .sources import summary_lines
+    try:
+        report = check_sources_of(cfg)
+    except RecoveryError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not report.results:
+        raise click.ClickException(
+            "no external source is configured: set sources.prometheus_url, "
+            "sources.loki_url or sources.victorialogs_url in the config (or "
+            "RECOVERY_SOURCES_PROMETHEUS_URL, ...); see docs/connectors.md")
+    if as_json:
+        _dump({"ok": report.ok, "nodes": report.nodes, "jobs": report.jobs,
+               "notes": report.notes, "sources": [asdict(r) for r in report.results]})
+    else:
+        click.echo(f"checking {len(report.results)} source(s) against {len(report.nodes)} "
+                   f"node(s) from sinfo and {len(report.jobs)} running opted-in job(s)")
+        for note in report.notes:
+            click.echo(f"note: {note}")
+        for line in summary_lines(report.results):
+            click.echo(line)
+    if not report.ok:
         raise SystemExit(1)
 
 

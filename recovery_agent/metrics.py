@@ -4,7 +4,9 @@ The figures are read from the store at scrape time (a custom collector), so
 they survive agent restarts and never drift from the audit trail: detections
 by category, recommendations by action and status, detection and action
 latency histograms, tracked jobs, our drains, hook reports (by outcome, since
-this process started) and spool replays.
+this process started) and spool replays. Live state of this process (watch
+cycle errors, pending verdicts, the external sources' health) is read from
+``store.health``, which the watch loop keeps up to date.
 """
 from __future__ import annotations
 
@@ -99,6 +101,7 @@ class StoreCollector:
                                   "Pending verdicts dropped because more than "
                                   "MAX_PENDING_VERDICTS waited (the store failed for long)",
                                   value=self.store.health.get("dropped_verdicts", 0))
+        yield from _source_families(self.store.health.get("sources") or {})
         if self.counters is not None:
             family = CounterMetricFamily("recovery_ingest_requests",
                                          "Hook requests since the agent started, by outcome",
@@ -107,6 +110,25 @@ class StoreCollector:
                 for outcome, count in sorted(self.counters.values.items()):
                     family.add_metric([outcome], count)
             yield family
+
+
+def _source_families(sources: dict):
+    """Per external source: up, and errors by kind since the agent started
+    (from the watch loop's SourcePoller.counters() snapshot)."""
+    up = GaugeMetricFamily("recovery_source_up",
+                           "1 while an external source (Prometheus, Loki, VictoriaLogs) "
+                           "answers; 0 from its first failure until it answers again",
+                           labels=["source"])
+    errors = CounterMetricFamily("recovery_source_errors",
+                                 "Failed queries to an external source, by kind "
+                                 "(unavailable, timeout, rate_limited, auth, malformed, "
+                                 "labels, error)", labels=["source", "kind"])
+    for name, state in sorted(sources.items()):
+        up.add_metric([name], 1 if state.get("up") else 0)
+        for kind, count in sorted((state.get("errors_by_kind") or {}).items()):
+            errors.add_metric([name, kind], count)
+    yield up
+    yield errors
 
 
 def render(store: Store, counters=None) -> tuple[bytes, str]:

@@ -3,9 +3,11 @@ detections.
 
 One cycle: one batched scheduler query; register jobs that opted in through
 ``--comment`` (hook-registered jobs are already in the store); follow each
-tracked attempt's stdout/stderr; scan new lines; run the hang, straggler and
-checkpoint detectors; store what was found. A bad cycle is logged and the
-next one runs (the loop never dies of one job's oddity).
+tracked attempt's stdout/stderr; scan new lines; ask the external sources
+(GPU metrics, log stores; see :mod:`recovery_agent.watch_sources`), when
+configured; run the hang, straggler and checkpoint detectors; store what was
+found. A bad cycle is logged and the next one runs (the loop never dies of one
+job's oddity).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from .errors import RecoveryError, StoreError
 from .logs.tail import Tailer, lines_from_report
 from .scheduler.base import FINISHED_STATES, Job, Scheduler
 from .store import Store
+from .watch_sources import SourceFeed
 
 log = logging.getLogger(__name__)
 CKPT_SCAN_INTERVAL = 30.0
@@ -72,11 +75,19 @@ class AttemptWatch:
 
 
 class Watcher:
+    """``sources``: a :class:`~recovery_agent.sources.SourcePoller` over the
+    configured external sources, or None (off)."""
+
     def __init__(self, cfg: Config, store: Store, scheduler: Scheduler, scanner: Scanner,
-                 tailer: Tailer, clock=time.time, decider=None) -> None:
+                 tailer: Tailer, clock=time.time, decider=None, sources=None) -> None:
         self.cfg, self.store, self.scheduler = cfg, store, scheduler
         self.decider = decider
         self.scanner, self.tailer, self.clock = scanner, tailer, clock
+        self.sources: SourceFeed | None = None
+        if sources is not None:
+            self.sources = SourceFeed(sources, scanner, settle=cfg.sources.ingest_delay
+                                      + cfg.sources.prometheus_step)
+            store.health["sources"] = self.sources.counters()
         self.watches: dict[int, AttemptWatch] = {}   # by job row id
         self.closing: list[tuple[AttemptWatch, Job | None, float]] = []
         # hang/straggler decisions the store refused: (job pk, attempt) -> args
@@ -107,6 +118,7 @@ class Watcher:
         self._deferred: Exception | None = None
         self._sync(listing, now)
         found = self._scan(now)
+        found += self._poll_sources(listing, now)
         found += self._check(listing, now)
         self._close_attempts(now)
         self.cycles += 1
@@ -275,7 +287,8 @@ class Watcher:
         for watch, job, deadline in self.closing:
             reports = self.store.db["node_reports"].count_where(
                 "job = ? and attempt = ? and hook = 'epilog'", [watch.job_pk, watch.attempt])
-            if reports >= len(watch.nodes) or now >= deadline:
+            if (reports >= len(watch.nodes) or now >= deadline) \
+                    and self._last_look(watch, job, deadline, now):
                 try:
                     self._verdict(watch, job, now)
                 except STORE_ERRORS as exc:   # kept in memory, judged next cycle
@@ -284,10 +297,14 @@ class Watcher:
                 except Exception as exc:  # noqa: BLE001 - kept, and judged next cycle
                     failed = failed or exc
                     waiting.append((watch, job, deadline))
+                else:
+                    self._sources_done(watch)
             else:
                 waiting.append((watch, job, deadline))
         if len(waiting) > MAX_PENDING_VERDICTS:
             dropped, waiting = waiting[:-MAX_PENDING_VERDICTS], waiting[-MAX_PENDING_VERDICTS:]
+            for watch, _, _ in dropped:
+                self._sources_done(watch)
             health = self.store.health
             health["dropped_verdicts"] = health.get("dropped_verdicts", 0) + len(dropped)
             log.error("store unwritable for long: dropped %d pending verdict(s), oldest "
@@ -297,6 +314,28 @@ class Watcher:
         self.store.health["pending_verdicts"] = len(waiting)
         if failed is not None:
             raise failed
+
+    def _last_look(self, watch: AttemptWatch, job: Job | None, deadline: float,
+                   now: float) -> bool:
+        """The sources' view of an ended attempt's last moments, stored before
+        its verdict; False while they may not hold them yet (bounded: see
+        :meth:`SourceFeed.settled`)."""
+        if self.sources is None:
+            return True
+        ended = (float(job.end_time) if job is not None and job.is_finished and job.end_time
+                 else deadline - EPILOG_GRACE)
+        found = self.sources.last_look(watch, ended, now)
+        if found is None:
+            return False
+        self._store(watch, found, now)
+        self.sources.save()
+        self.store.health["sources"] = self.sources.counters()
+        return True
+
+    def _sources_done(self, watch: AttemptWatch) -> None:
+        if self.sources is not None:
+            self.sources.done(watch, any(w.job_id == watch.job_id
+                                         for w in self.watches.values()))
 
     def _verdict(self, watch: AttemptWatch, job: Job | None, now: float) -> None:
         """Who is to blame for how this attempt ended, recorded on the timeline,
@@ -441,6 +480,35 @@ class Watcher:
                 self._defer(exc)
                 return
             self._pending_decisions.pop(key, None)
+
+    def _poll_sources(self, listing: dict[str, Job], now: float) -> list[Detection]:
+        """Ask the external sources about every running attempt (each source
+        paces itself per ``sources.query_interval``). Their detections feed the
+        verdict like log lines do; a GPU utilisation hang is decided like a
+        silent log. A failing source only shows in its counters and one log line."""
+        if self.sources is None:
+            return []
+        running = [(w, job) for w in self.watches.values()
+                   if (job := listing.get(w.job_id)) is not None and job.state == "RUNNING"
+                   and job.restart_count == w.attempt]
+        by_key = self.sources.poll_running([w for w, _ in running], now)
+        found_all: list[Detection] = []
+        for watch, job in running:
+            found = by_key.get(watch.key)
+            if not found:
+                continue
+            self._store(watch, found, now)
+            found_all += found
+            hang = next((d for d in found if d.rule == "hang"), None)
+            if hang is not None and self.decider is not None \
+                    and (watch.job_pk, watch.attempt) not in self._pending_decisions:
+                try:
+                    self._decide_running(watch, job, hang, [], now)
+                except STORE_ERRORS as exc:
+                    self._defer(exc)
+        self.sources.save()
+        self.store.health["sources"] = self.sources.counters()
+        return found_all
 
     def _check(self, listing: dict[str, Job], now: float) -> list[Detection]:
         found_all = []

@@ -117,13 +117,16 @@ class SourcePoller:
         self.clock = clock
         self._due: dict[tuple[str, str], float] = {}
 
-    def poll(self, jobs: Iterable[JobRef], now: float | None = None) -> dict[str, JobFindings]:
+    def poll(self, jobs: Iterable[JobRef], now: float | None = None,
+             force: bool = False) -> dict[str, JobFindings]:
+        """Findings per job id, from the sources due for it. ``force`` asks
+        every source now, due or not (a job's last look, once it has ended)."""
         now = self.clock() if now is None else now
         out: dict[str, JobFindings] = {}
         for job in jobs:
             for source in self.sources:
                 key = (source.name, job.job_id)
-                if now < self._due.get(key, 0.0):
+                if not force and now < self._due.get(key, 0.0):
                     continue
                 self._due[key] = now + source.interval
                 found = out.setdefault(job.job_id, JobFindings())

@@ -49,20 +49,23 @@ class DcgmNode:
                "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
                "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_ROW_REMAP_FAILURE")
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, gpus: int = GPUS) -> None:
         self.host = host
-        self.state = {gpu: {name: 0.0 for name in self.METRICS} for gpu in range(GPUS)}
+        self.state = {gpu: {name: 0.0 for name in self.METRICS} for gpu in range(gpus)}
         for values in self.state.values():
             values["DCGM_FI_DEV_GPU_UTIL"] = BUSY
             values["DCGM_FI_DEV_GPU_TEMP"] = 55.0
+
+    def identity(self, gpu: int) -> tuple[str, str]:
+        """The UUID and PCI bus id one GPU is labelled with."""
+        return f"GPU-{self.host}-000{gpu}", f"00000000:{0x1a + gpu:02X}:00.0"
 
     def collect(self):
         labels = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"]
         for name in self.METRICS:
             family = GaugeMetricFamily(name, f"{name} (fake DCGM)", labels=labels)
             for gpu, values in self.state.items():
-                family.add_metric([str(gpu), f"GPU-{self.host}-000{gpu}",
-                                   f"00000000:{0x1a + gpu:02X}:00.0", f"nvidia{gpu}",
+                family.add_metric([str(gpu), *self.identity(gpu), f"nvidia{gpu}",
                                    "NVIDIA H100 80GB HBM3", self.host], values[name])
             yield family
 
@@ -84,8 +87,8 @@ def exporters():
 
 # -- the servers ------------------------------------------------------------------------
 
-def free_port(taken: set[int]) -> int:
-    for port in PORTS:
+def free_port(taken: set[int], ports: range = PORTS) -> int:
+    for port in ports:
         if port in taken:
             continue
         with socket.socket() as sock:
@@ -95,7 +98,7 @@ def free_port(taken: set[int]) -> int:
                 continue
         taken.add(port)
         return port
-    pytest.skip("no free port in 39100-39199")
+    pytest.skip(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
 def scrape_config(path: Path, exporters) -> None:
