@@ -32,6 +32,7 @@ from slurm_hooks import spec as specs
 from .config import Config
 from .errors import JobNotFound, NodeNotFound, SchedulerError
 from .notify import notify
+from .notify import targets as notify_targets
 from .scheduler.base import Job, Scheduler
 from .store import OPEN_STATUSES, Store
 
@@ -286,10 +287,12 @@ class Actuator:
             # a hung job with nothing left to try: free its nodes
             self._step(rec, "cancel", lambda: self.scheduler.cancel(rec["job_id"]))
         spec = _spec(self.store.job(rec["job"])["spec"])
-        if spec.notify and spec.notify != "none" and "notify" not in steps:
-            outcome = notify(spec.notify, rec)
-            self.store.add_step(rec["id"], "notify", "ok" if outcome.ok else "failed",
-                                outcome.detail)
+        if "notify" not in steps:
+            env = self.cfg.environment(spec.env)
+            for target in notify_targets(spec.notify, env.notify):
+                outcome = notify(target, rec)
+                self.store.add_step(rec["id"], "notify", "ok" if outcome.ok else "failed",
+                                    outcome.detail)
         self._finish(rec, "done")
 
     def _requeue(self, rec: dict, job: Job, now: float) -> None:

@@ -21,8 +21,7 @@ log = logging.getLogger("recovery_agent")
 
 
 def scheduler_for(cfg: Config) -> Scheduler | None:
-    runner = SlurmRunner(bin_dir=cfg.scheduler.bin_dir, slurm_conf=cfg.scheduler.slurm_conf,
-                         timeout=cfg.scheduler.command_timeout)
+    runner = SlurmRunner.from_config(cfg.scheduler)
     try:
         return select_scheduler(cfg.scheduler.backend, runner)
     except RecoveryError as exc:
@@ -66,7 +65,9 @@ def start_watch(cfg: Config, store: Store, sched: Scheduler, ingest: Ingest,
     decider = Decider(cfg, store, sched)
     decider.on_new_work.append(actuator.wake.set)
     tailer = Tailer(SqliteCursorStore(store), allowed_roots=cfg.allowed_log_roots)
-    watcher = Watcher(cfg, store, sched, scanner, tailer, decider=decider, sources=sources)
+    from .detect.provider import from_config as attribution_provider
+    watcher = Watcher(cfg, store, sched, scanner, tailer, decider=decider, sources=sources,
+                      provider=attribution_provider(cfg))
     ingest.log_listeners.append(watcher.report_lines)
     stop = stop or threading.Event()
     threading.Thread(target=watcher.run_forever, args=(stop,), name="watch",
@@ -130,7 +131,9 @@ def main(config_path: str | None, bind: str | None, port: int | None, no_watch: 
         try:
             scanner = load_scanner(cfg)
             sources = source_poller(cfg, scanner)
-        except RecoveryError as exc:
+            from .detect.provider import from_config as attribution_provider
+            attribution_provider(cfg)   # a missing entry point or token file: say so now
+        except (RecoveryError, ValueError, OSError) as exc:
             raise click.ClickException(str(exc)) from None
         if sched is not None:
             start_watch(cfg, store, sched, ingest, scanner, stop, sources)

@@ -39,8 +39,7 @@ class Result:
 
 
 def _runner(cfg: Config) -> SlurmRunner:
-    return SlurmRunner(bin_dir=cfg.scheduler.bin_dir, slurm_conf=cfg.scheduler.slurm_conf,
-                       timeout=min(cfg.scheduler.command_timeout, 20))
+    return SlurmRunner.from_config(cfg.scheduler, timeout=min(cfg.scheduler.command_timeout, 20))
 
 
 def slurm_config(cfg: Config) -> dict[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import tomllib
 from dataclasses import Field, dataclass, field, fields, replace
 from pathlib import Path
@@ -79,6 +80,14 @@ class SchedulerConfig:
                         default="")
     slurm_conf: str = _doc("SLURM_CONF for the commands; empty keeps the environment's.",
                            default="")
+    ssh_host: str = _doc("SSH mode: run every Slurm command on this host ([user@]host) "
+                         "through ssh, for an agent outside the cluster. Empty: run them "
+                         "here. bin_dir and slurm_conf then name paths on that host.",
+                         default="")
+    ssh_options: str = _doc("Extra ssh arguments in SSH mode, split like a shell would "
+                            "(e.g. \"-i /etc/slurm-recovery/id_ed25519 -p 2222\"). "
+                            "BatchMode, ConnectTimeout and keepalives are always set.",
+                            default="")
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,10 @@ class EnvironmentConfig:
                                    "(above 1).", default=1.5)
     straggler_window: float = _doc("How far back step times are kept for straggler "
                                    "detection.", duration=True, default=600.0)
+    notify: str = _doc("Where this environment reports a job recovery gave up on, "
+                       "besides the job's own notify=: comma-separated mail (the job's "
+                       "user, through the local MTA), http(s) URLs (a JSON POST) and "
+                       "slack:URL (a Slack-compatible incoming webhook).", default="")
     straggler_action: str = _doc("What a straggler leads to: none (record it) or "
                                  "kill_requeue (kill the job and requeue it without the "
                                  "slow host).", default="none")
@@ -167,6 +180,22 @@ class HooksConfig:
                           "job).", default="report")
     munge_socket: str = _doc("munged's socket for signing reports; empty uses munge's "
                              "default.", default="")
+
+
+@dataclass(frozen=True)
+class AttributionConfig:
+    entry_point: str = _doc("Name of an installed Python entry point in the "
+                            "slurm_recovery.attribution group: a callable taking the "
+                            "evidence bundle and returning a verdict (docs/extending.md). "
+                            "Empty: none.", default="")
+    webhook_url: str = _doc("URL of a site attribution service: the evidence bundle is "
+                            "POSTed as JSON and a verdict expected back. Empty: none. The "
+                            "built-in verdict is used when it fails or times out.",
+                            default="")
+    webhook_timeout: float = _doc("How long an attribution webhook may take.",
+                                  duration=True, default=5.0)
+    webhook_token_file: str = _doc("File holding a bearer token for the webhook; empty "
+                                   "sends none.", default="")
 
 
 @dataclass(frozen=True)
@@ -261,7 +290,8 @@ class SourcesConfig:
 
 SECTIONS: dict[str, type] = {"agent": AgentConfig, "scheduler": SchedulerConfig,
                              "store": StoreConfig, "api": ApiConfig, "hooks": HooksConfig,
-                             "policy": PolicyConfig, "sources": SourcesConfig}
+                             "policy": PolicyConfig, "sources": SourcesConfig,
+                             "attribution": AttributionConfig}
 
 
 @dataclass(frozen=True)
@@ -272,6 +302,7 @@ class Config:
     api: ApiConfig = field(default_factory=ApiConfig)
     hooks: HooksConfig = field(default_factory=HooksConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    attribution: AttributionConfig = field(default_factory=AttributionConfig)
     sources: SourcesConfig = field(default_factory=SourcesConfig)
     environments: Mapping[str, EnvironmentConfig] = field(
         default_factory=lambda: {"default": EnvironmentConfig()})
@@ -349,12 +380,33 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
     return cls(**values)
 
 
+_SSH_HOST = re.compile(r"^(?!-)(?:[A-Za-z0-9._-]+@)?(?!-)[A-Za-z0-9.:\[\]_-]+$")
+
+
 def _validate(cfg: Config) -> None:
     if cfg.scheduler.backend not in BACKENDS:
         raise ConfigError(f"scheduler.backend: must be one of {', '.join(BACKENDS)}, "
                           f"got {cfg.scheduler.backend!r}")
+    if cfg.scheduler.ssh_host and not _SSH_HOST.match(cfg.scheduler.ssh_host):
+        raise ConfigError(f"scheduler.ssh_host: {cfg.scheduler.ssh_host!r} must be "
+                          "[user@]host (no spaces, not starting with '-')")
+    try:
+        shlex.split(cfg.scheduler.ssh_options)
+    except ValueError as exc:
+        raise ConfigError(f"scheduler.ssh_options: {exc}") from None
     if cfg.agent.poll_interval <= 0:
         raise ConfigError("agent.poll_interval: must be above zero")
+    for name, env in cfg.environments.items():
+        for target in filter(None, (t.strip() for t in env.notify.split(","))):
+            if not (target == "mail" or target.startswith(("http://", "https://"))
+                    or target.startswith(("slack:http://", "slack:https://"))):
+                raise ConfigError(f"environments.{name}.notify: {target!r} is not mail, "
+                                  "an http(s) URL or slack:URL")
+    if cfg.attribution.webhook_url and not cfg.attribution.webhook_url.startswith(
+            ("http://", "https://")):
+        raise ConfigError("attribution.webhook_url: must be an http:// or https:// URL")
+    if not 0 < cfg.attribution.webhook_timeout <= 60:
+        raise ConfigError("attribution.webhook_timeout: must be above 0 and at most 60s")
     if cfg.agent.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
         raise ConfigError(f"agent.log_level: unknown level {cfg.agent.log_level!r}")
     if not _NAME.match(cfg.agent.cluster):

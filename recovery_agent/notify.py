@@ -1,8 +1,11 @@
-"""Telling a job's owner that recovery stopped: ``notify=mail`` or ``notify=URL``.
+"""Telling people that recovery stopped: the job's ``notify=mail`` or
+``notify=URL``, and an environment's ``notify`` list, which may also name
+``slack:URL``.
 
 Mail goes through the local MTA (``sendmail -t``) to the job's user; a URL gets
-a JSON POST. Both are bounded by a timeout and never raise: a notification
-that cannot be sent is recorded as such, and the recovery goes on.
+a JSON POST; a Slack-compatible incoming webhook (Slack, Mattermost, Rocket.Chat)
+gets ``{"text": ...}``. All are bounded by a timeout and never raise: a
+notification that cannot be sent is recorded as such, and the recovery goes on.
 """
 from __future__ import annotations
 
@@ -27,8 +30,31 @@ def message(rec: dict) -> dict:
             "user": rec.get("user") or "", "workload": rec.get("workload") or ""}
 
 
+def targets(job_notify: str | None, env_notify: str) -> list[str]:
+    """Every place to notify, the job's own first, each once."""
+    out = []
+    for target in [job_notify or "", *env_notify.split(",")]:
+        target = target.strip()
+        if target and target != "none" and target not in out:
+            out.append(target)
+    return out
+
+
+def text(body: dict) -> str:
+    return (f"slurm-recovery stopped retrying job {body['job']} (attempt {body['attempt']}): "
+            f"{body['reason']} [rule {body['rule']}, recommendation #{body['recommendation']}]")
+
+
 def notify(target: str, rec: dict) -> Sent:
     body = message(rec)
+    if target.startswith("slack:"):
+        import requests
+        url = target[len("slack:"):]
+        try:
+            resp = requests.post(url, json={"text": text(body)}, timeout=TIMEOUT)
+        except requests.RequestException as exc:
+            return Sent(False, f"slack {url}: {exc.__class__.__name__}")
+        return Sent(resp.ok, f"slack {url}: HTTP {resp.status_code}")
     if target.startswith(("http://", "https://")):
         import requests
         try:

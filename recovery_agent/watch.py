@@ -79,9 +79,11 @@ class Watcher:
     configured external sources, or None (off)."""
 
     def __init__(self, cfg: Config, store: Store, scheduler: Scheduler, scanner: Scanner,
-                 tailer: Tailer, clock=time.time, decider=None, sources=None) -> None:
+                 tailer: Tailer, clock=time.time, decider=None, sources=None,
+                 provider=None) -> None:
         self.cfg, self.store, self.scheduler = cfg, store, scheduler
         self.decider = decider
+        self.provider = provider   # a site attribution provider (detect.provider)
         self.scanner, self.tailer, self.clock = scanner, tailer, clock
         self.sources: SourceFeed | None = None
         if sources is not None:
@@ -349,10 +351,18 @@ class Watcher:
                                      node_events=tuple(self._node_events(watch, now)),
                                      node_fail=node_fail)
         verdict = attribute(watch.found, context)
+        consulted = None
+        if self.provider is not None:
+            consulted = self.provider.consult(watch.job_id, watch.attempt, watch.nodes,
+                                              job.state if job else None,
+                                              all_detections(watch.found, context), verdict)
+            verdict = consulted.verdict
         data = {"blame": verdict.blame, "category": verdict.category,
                 "action": verdict.action, "nodes": list(verdict.nodes),
                 "gpus": list(verdict.gpus), "confidence": verdict.confidence,
                 "reason": verdict.reason, "state": job.state if job else None}
+        if consulted is not None:
+            data["provider"] = {"name": consulted.provider, "outcome": consulted.outcome}
         event = {"kind": "verdict",
                  "message": f"{verdict.blame}: {verdict.category or 'no failure'} -> "
                             f"{verdict.action}"

@@ -4,11 +4,17 @@ Every ``squeue``, ``sinfo``, ``scontrol``, ``sbatch`` and ``scancel`` goes
 through :meth:`SlurmRunner.run`: an argv list (never a shell string), a timeout,
 and a :class:`~recovery_agent.errors.SchedulerError` carrying argv, exit code and
 stderr when anything goes wrong. Tests and benchmarks count calls here.
+
+In SSH mode (``ssh_host``) the same argv runs on a login or controller host
+through ``ssh``, with the same timeout. ssh hands the remote side one command
+string for its shell, so every word is quoted there: names and paths with
+shell metacharacters still arrive as single arguments.
 """
 from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -37,11 +43,27 @@ class SlurmRunner:
     slurm_conf: str = ""
     timeout: float = DEFAULT_TIMEOUT
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    ssh_host: str = ""                 # run commands there through ssh
+    ssh_options: tuple[str, ...] = ()  # extra ssh arguments (-i key, -p port, -o ...)
     calls: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    @classmethod
+    def from_config(cls, scheduler_cfg, timeout: float | None = None) -> "SlurmRunner":
+        """The runner a ``[scheduler]`` config section describes."""
+        return cls(bin_dir=scheduler_cfg.bin_dir, slurm_conf=scheduler_cfg.slurm_conf,
+                   timeout=scheduler_cfg.command_timeout if timeout is None else timeout,
+                   ssh_host=scheduler_cfg.ssh_host,
+                   ssh_options=tuple(shlex.split(scheduler_cfg.ssh_options)))
+
     def resolve(self, command: str) -> str | None:
-        """Full path of a Slurm command, or None when it is not installed."""
+        """Full path of a Slurm command, or None when it is not installed. In
+        SSH mode the remote host is asked only when a command runs: here the
+        name (under ``bin_dir``) is returned when ssh itself is installed."""
+        if self.ssh_host:
+            if shutil.which("ssh") is None:
+                return None
+            return os.path.join(self.bin_dir, command) if self.bin_dir else command
         if self.bin_dir:
             path = os.path.join(self.bin_dir, command)
             return path if os.access(path, os.X_OK) else None
@@ -74,11 +96,14 @@ class SlurmRunner:
         with self._lock:
             self.calls[argv[0]] = self.calls.get(argv[0], 0) + 1
         started = time.monotonic()
+        command = [exe, *argv[1:]]
+        if self.ssh_host:
+            command = self._over_ssh(command, limit)
         try:
             if binary:
-                proc = self._run_binary([exe, *argv[1:]], limit)
+                proc = self._run_binary(command, limit)
             else:
-                proc = subprocess.run([exe, *argv[1:]], capture_output=True, text=True,
+                proc = subprocess.run(command, capture_output=True, text=True,
                                       errors="replace", timeout=limit, env=self.env(),
                                       stdin=subprocess.DEVNULL, check=False)
         except subprocess.TimeoutExpired as exc:
@@ -90,10 +115,25 @@ class SlurmRunner:
             raise SchedulerError(f"{' '.join(argv)}: {exc.strerror}", argv=argv,
                                  returncode=None, stderr=str(exc)) from None
         log.debug("ran %s rc=%s in %.3fs", argv, proc.returncode, time.monotonic() - started)
+        if self.ssh_host and proc.returncode == 255:
+            # ssh's own failure (host down, refused key): never the command's
+            raise SchedulerError(f"{' '.join(argv)}: ssh to {self.ssh_host} failed: "
+                                 f"{proc.stderr.strip()[-300:]}", argv=argv,
+                                 returncode=255, stderr=proc.stderr)
         if check and proc.returncode != 0:
             raise SchedulerError(f"{' '.join(argv)}: exit {proc.returncode}", argv=argv,
                                  returncode=proc.returncode, stderr=proc.stderr)
         return proc
+
+    def _over_ssh(self, command: list[str], limit: float) -> list[str]:
+        """The argv that runs ``command`` on ``ssh_host``: no terminal, no
+        password prompt, a connect timeout within the call's, and SLURM_CONF
+        set there when configured (ssh passes no environment)."""
+        remote = (["env", f"SLURM_CONF={self.slurm_conf}"] if self.slurm_conf else []) + command
+        return ["ssh", "-T", "-o", "BatchMode=yes",
+                "-o", f"ConnectTimeout={max(1, int(min(limit, 15)))}",
+                "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=2",
+                *self.ssh_options, "--", self.ssh_host, shlex.join(remote)]
 
     def _run_binary(self, argv: list[str], limit: float) -> subprocess.CompletedProcess:
         """Run with stdout into an unlinked temporary file, read back in one

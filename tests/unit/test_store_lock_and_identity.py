@@ -124,3 +124,31 @@ def test_array_task_stored_by_numeric_id_takes_its_printable_name(tmp_path):
     assert store.record_job(task, "c1") == pk          # and the poller finds that row
     store.adopt_printable_id("c1", task)                # idempotent
     assert store.find_job("c1", "16") is None
+
+
+def test_notify_slack_compatible_webhook_gets_text():
+    server = HTTPServer(("127.0.0.1", 0), _Catch)
+    threading.Thread(target=server.handle_request, daemon=True).start()
+    rec = {"id": 9, "job_id": "43", "attempt": 1, "action": "stop", "rule": "app_error",
+           "reason": "KeyError in train.py", "user": "ana"}
+    sent = notify(f"slack:http://127.0.0.1:{server.server_port}/services/T/B/x", rec)
+    server.server_close()
+    assert sent.ok and sent.detail.startswith("slack ")
+    assert set(_Catch.got[-1]) == {"text"}
+    assert "job 43" in _Catch.got[-1]["text"] and "KeyError" in _Catch.got[-1]["text"]
+
+
+def test_notify_targets_merge_the_job_and_the_environment():
+    from recovery_agent.notify import targets
+    assert targets("mail", "slack:https://h/x, mail,https://ops/y") == \
+        ["mail", "slack:https://h/x", "https://ops/y"]
+    assert targets("none", "") == [] and targets(None, " ") == []
+
+
+def test_environment_notify_is_checked():
+    from recovery_agent.config import from_mapping
+    from recovery_agent.errors import ConfigError
+    cfg = from_mapping({"environments": {"prod": {"notify": "mail,slack:https://h/x"}}})
+    assert cfg.environment("prod").notify.startswith("mail")
+    with pytest.raises(ConfigError, match="environments.prod.notify"):
+        from_mapping({"environments": {"prod": {"notify": "pager:123"}}})
