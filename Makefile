@@ -13,7 +13,8 @@ TEST_PORT      ?= 26817
 PYTEST_ARGS    ?=
 
 APT_PACKAGES := slurm-wlm slurmctld slurmd slurm-client munge libmunge2 libslurm-dev \
-                gcc make python3-venv python3-dev chromium prometheus victoria-metrics
+                gcc make python3-venv python3-dev chromium prometheus victoria-metrics \
+                openssh-server openssh-client
 
 export PATH := $(BIN):$(PATH)
 
@@ -27,6 +28,10 @@ help:
 	@echo "make resilience  the fault campaign, slow scenarios included (docs/resilience.md)"
 	@echo "make down   stop the demo cluster"
 	@echo "make deps   install Debian packages and the Python virtualenv"
+	@echo "make install [PREFIX=/opt/slurm-recovery] [DESTDIR=]  site install (docs/install.md)"
+	@echo "make uninstall  remove what make install added (keeps a changed config and the store)"
+	@echo "make deb    dist/slurm-recovery_<version>_<arch>.deb for apt install"
+	@echo "make install-test  the .deb in a debootstrap chroot of Debian 12 (root, a few minutes)"
 
 deps: $(VENV)/.installed
 	@dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || { \
@@ -69,7 +74,7 @@ bench: deps build
 resilience: deps build
 	@$(BIN)/recovery-devcluster up --state-dir $(TEST_STATE_DIR) --port $(TEST_PORT)
 	@rc=0; RECOVERY_DEVCLUSTER_DIR=$(TEST_STATE_DIR) RECOVERY_TEST_PORT=$(TEST_PORT) \
-	  $(BIN)/python -m pytest -m resilience --resilience-report docs/resilience.md \
+	  $(BIN)/python -m pytest -m resilience --resilience-report=docs/resilience.md \
 	  $(PYTEST_ARGS) || rc=$$?; \
 	  $(BIN)/recovery-devcluster down --state-dir $(TEST_STATE_DIR); \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; fi; \
@@ -84,3 +89,53 @@ down:
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
 	$(MAKE) -s -C spank clean
+
+# ---- site installation (docs/install.md) -----------------------------------
+# make install [PREFIX=/opt/slurm-recovery] [DESTDIR=/tmp/stage]: a self-contained
+# virtualenv at PREFIX with the agent, recovery-ctl and the hooks (from a wheel
+# built from this checkout), the SPANK plugin and its plugstack.conf.d line, the
+# hook wrappers, the systemd units and /etc/slurm-recovery/recovery.toml (never
+# overwritten). make uninstall removes it again; make deb packages it for Debian.
+PREFIX           ?= /opt/slurm-recovery
+SYSCONFDIR       ?= /etc
+SYSTEMD_UNIT_DIR ?= /lib/systemd/system
+PLUGSTACK_DIR    ?= /etc/slurm/plugstack.conf.d
+# the interpreter the virtualenv runs on, at the same path on every host: Debian's
+INSTALL_PYTHON   ?= /usr/bin/python3
+# optional extras (EXTRAS=fast adds hyperscan) and pip options (PIP_ARGS='--no-index
+# --find-links wheels' installs offline)
+EXTRAS           ?=
+PIP_ARGS         ?=
+VERSION          := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+DEB_ARCH         := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
+DEB              := dist/slurm-recovery_$(VERSION)_$(DEB_ARCH).deb
+INSTALL_ENV       = DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' SYSCONFDIR='$(SYSCONFDIR)' \
+                    SYSTEMD_UNIT_DIR='$(SYSTEMD_UNIT_DIR)' PLUGSTACK_DIR='$(PLUGSTACK_DIR)' \
+                    INSTALL_PYTHON='$(INSTALL_PYTHON)' EXTRAS='$(EXTRAS)' PIP_ARGS='$(PIP_ARGS)' \
+                    BUILD_DIR='$(CURDIR)/build/install' FORCE='$(FORCE)'
+
+.PHONY: install uninstall deb install-test
+
+install:
+	@$(MAKE) -s -C spank || { echo "the SPANK plugin needs gcc and libslurm-dev" \
+	  "(apt-get install gcc make libslurm-dev python3-venv)" >&2; exit 1; }
+	@$(INSTALL_ENV) sh packaging/install.sh install
+
+uninstall:
+	@$(INSTALL_ENV) sh packaging/install.sh uninstall
+
+deb:
+	@rm -rf build/deb
+	@$(MAKE) -s install DESTDIR=$(CURDIR)/build/deb/root
+	@PREFIX='$(PREFIX)' SYSCONFDIR='$(SYSCONFDIR)' PLUGSTACK_DIR='$(PLUGSTACK_DIR)' \
+	  VERSION='$(VERSION)' ARCH='$(DEB_ARCH)' sh packaging/debian/build-deb.sh \
+	  build/deb/root $(DEB)
+
+# the .deb in a fresh debootstrap chroot of Debian 12, down to a dev cluster that
+# recovers a job with the installed hooks (needs root and the Debian mirror; about
+# two minutes, one with the chroot cached in build/install-test/): pytest -m install
+install-test: deps deb
+	@command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive $(SUDO) \
+	  apt-get install -y -qq --no-install-recommends debootstrap
+	RECOVERY_DEB=$(CURDIR)/$(DEB) $(BIN)/python -m pytest -m install \
+	  tests/integration/test_install_chroot.py $(PYTEST_ARGS)

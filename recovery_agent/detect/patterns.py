@@ -100,16 +100,41 @@ class Rule:
         return frozenset(self.compiled.groupindex)
 
 
+_SHARED_PACKS = ("share", "slurm-recovery", "patterns")
+
+
 def shipped_dir() -> Path:
     """The directory of the packs shipped with slurm-recovery.
 
     ``etc/patterns`` next to the source tree (a checkout or an editable
-    install); else ``<prefix>/share/slurm-recovery/patterns``.
+    install); else where the wheel installed them (its data files):
+    ``<sys.prefix>/share/slurm-recovery/patterns`` in a virtualenv, ``make
+    install`` or the .deb, or wherever the distribution's file list puts them
+    (``pip install --user`` or ``--prefix``). When none exists, the
+    ``sys.prefix`` path, which the loader then names in its error.
     """
     here = Path(__file__).resolve().parents[2] / "etc" / "patterns"
     if here.is_dir():
         return here
-    return Path(sys.prefix) / "share" / "slurm-recovery" / "patterns"
+    in_prefix = Path(sys.prefix).joinpath(*_SHARED_PACKS)
+    if in_prefix.is_dir():
+        return in_prefix
+    return _installed_packs() or in_prefix
+
+
+def _installed_packs() -> Path | None:
+    """The packs' directory as recorded in the installed distribution's RECORD."""
+    from importlib import metadata
+    try:
+        files = metadata.distribution("slurm-recovery").files or []
+    except metadata.PackageNotFoundError:
+        return None
+    for entry in files:
+        if entry.suffix == ".toml" and entry.parts[-4:-1] == _SHARED_PACKS:
+            folder = Path(entry.locate()).resolve().parent
+            if folder.is_dir():
+                return folder
+    return None
 
 
 def load_rules(site_dirs: Iterable[str | Path] = (), *, shipped: bool = True) -> list[Rule]:
