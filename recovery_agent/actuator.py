@@ -336,13 +336,7 @@ class Actuator:
         if job.state == "COMPLETING":
             return   # still stopping the killed attempt; next pass
         if job.is_pending and job.held:
-            want = list(rec["exclude"] or [])
-            if want and sorted(job.excluded_nodes) != sorted(want):
-                self._step(rec, "exclude",
-                           lambda: self.scheduler.set_excluded_nodes(rec["job_id"], want),
-                           ",".join(want))
-            if "start_now" not in done:
-                self._step(rec, "start_now", lambda: self.scheduler.start_now(rec["job_id"]))
+            self._exclude_and_start(rec, job, done)
             self._step(rec, "release", lambda: self.scheduler.release(rec["job_id"]))
             self._finish(rec, "done")
             return
@@ -358,6 +352,12 @@ class Actuator:
         again is not needed; our exclusions and an immediate start still are.
         A job that starts before the exclusion lands refuses it: retried,
         then expired as usual."""
+        self._exclude_and_start(rec, job, done)
+        self._finish(rec, "done", "slurmctld requeued the job itself; our exclusions applied")
+
+    def _exclude_and_start(self, rec: dict, job: Job, done: set[str]) -> None:
+        """Our exclusions on the pending job (unless Slurm has them), then
+        StartTime=now (once), so it does not wait out Slurm's requeue delay."""
         want = list(rec["exclude"] or [])
         if want and sorted(job.excluded_nodes) != sorted(want):
             self._step(rec, "exclude",
@@ -365,7 +365,6 @@ class Actuator:
                        ",".join(want))
         if "start_now" not in done:
             self._step(rec, "start_now", lambda: self.scheduler.start_now(rec["job_id"]))
-        self._finish(rec, "done", "slurmctld requeued the job itself; our exclusions applied")
 
     # -- node actions -------------------------------------------------------------
     def _advance_node(self, rec: dict, now: float) -> None:

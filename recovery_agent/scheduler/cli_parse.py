@@ -260,6 +260,11 @@ def parse_squeue(doc: Mapping[str, Any], cache: dict | None = None) -> list[Job]
                 continue
         fresh[key] = job
         jobs.append(job)
+    return _renewed(cache, fresh, jobs)
+
+
+def _renewed(cache: dict | None, fresh: dict, jobs: list[Job]) -> list[Job]:
+    """Leave the caller's cache holding this listing's records only."""
     if cache is not None:
         cache.clear()
         cache.update(fresh)
@@ -349,10 +354,7 @@ def parse_squeue_text(text: str | bytes, cache: dict | None = None,
                 continue
         fresh[key] = job
         jobs.append(job)
-    if cache is not None:
-        cache.clear()
-        cache.update(fresh)
-    return jobs
+    return _renewed(cache, fresh, jobs)
 
 
 def node_from_json(raw: Mapping[str, Any]) -> Node:

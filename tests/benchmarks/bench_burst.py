@@ -23,15 +23,12 @@ Reported:
 from __future__ import annotations
 
 import argparse
-import os
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,6 +37,7 @@ import psutil
 from recovery_agent.devcluster.cluster import DevCluster
 from recovery_agent.devcluster.config import local_spec
 from recovery_agent.errors import SchedulerError
+from tests.benchmarks.bench_recovery import Bench
 
 PORT = 38817
 
@@ -55,38 +53,16 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-class Burst:
+class Burst(Bench):
+    """The recovery benchmark's agent handling, with a store of its own."""
+
     def __init__(self, cluster: DevCluster) -> None:
-        self.cluster = cluster
-        self.lay = cluster.lay
-        self.sched = cluster.scheduler()
+        super().__init__(cluster)
         self.runner = cluster.runner(timeout=60)
         self.db = self.lay.root / "agent" / "burst.db"
-        self.agent: subprocess.Popen | None = None
         self.samples: list[tuple[float, int, int]] = []   # (t, running, backlog)
         self.ids: list[str] = []
         self.stop = threading.Event()
-
-    def start_agent(self) -> None:
-        env = dict(os.environ, RECOVERY_CONFIG=str(self.lay.agent_config),
-                   RECOVERY_STORE_PATH=str(self.db))
-        out = open(self.lay.logs / "burst-agent.log", "ab")
-        self.agent = subprocess.Popen([sys.executable, "-m", "recovery_agent"], env=env,
-                                      stdout=out, stderr=out, stdin=subprocess.DEVNULL)
-        port = int(next(line.split("=")[1] for line in self.lay.agent_config.read_text()
-                        .splitlines() if line.startswith("port =")))
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=1)
-                return
-            except OSError:
-                time.sleep(0.25)
-        raise SystemExit("the agent did not start; see " + str(self.lay.logs))
-
-    def stop_agent(self) -> None:
-        if self.agent and self.agent.poll() is None:
-            self.agent.terminate()
-            self.agent.wait(timeout=15)
 
     def registered(self) -> dict[str, tuple[float, float]]:
         """job id -> (first prolog report's created, its received) from the store."""
