@@ -141,6 +141,10 @@ def main(config_path: str | None, bind: str | None, port: int | None, no_watch: 
             log.warning("not watching jobs until Slurm answers (retrying every 5s)")
             watch_when_ready(cfg, store, ingest, scanner, stop, sources=sources)
     host, listen_port = bind or cfg.api.bind, port or cfg.api.port
+    if host not in ("127.0.0.1", "localhost", "::1") and not cfg.api.read_token_file:
+        log.warning("the API listens on %s without api.read_token_file: anyone who can "
+                    "reach port %s can read every job's recovery history (changes still "
+                    "need munge); set a read token or firewall the port", host, listen_port)
     log.info("agent listening on %s:%s, store %s", host, listen_port, cfg.store_path)
     try:
         uvicorn.run(app, host=host, port=listen_port, log_level="warning", access_log=False)

@@ -24,10 +24,13 @@ CHUNK = 16 << 20
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
-    """Inspect and steer slurm-recovery: detections, verdicts, pattern packs.
+    """Inspect and steer slurm-recovery: jobs, nodes, recommendations, modes,
+    the audit trail, the watchdog, checks and reports, and pattern packs.
 
     \b
-    Example:
+    Examples:
+        recovery-ctl show jobs
+        recovery-ctl check --sources
         recovery-ctl patterns test slurm-4410.out
     """
 

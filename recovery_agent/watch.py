@@ -141,10 +141,12 @@ class Watcher:
             if self.store.match_job(cluster, job):
                 self._known.add(key)
                 continue
+            problem = None
             try:
                 spec = specs.parse(raw)
             except specs.SpecError as exc:
                 spec = specs.RecoverySpec(mode="monitor")
+                problem = str(exc)
                 log.warning("job=%s invalid --comment spec: %s", job.job_id, exc)
             with self.store.lock, self.store.db.atomic():
                 pk = self.store.record_job(job, cluster, env=spec.env, mode=spec.mode or "",
@@ -153,6 +155,10 @@ class Watcher:
                 self.store.add_event(pk, "registered", "registered from --comment by the "
                                      "scheduler poll", attempt=job.restart_count,
                                      source="poller")
+                if problem:   # on the timeline too, as the hooks do for --recovery
+                    self.store.add_event(pk, "spec_invalid", f"invalid recovery spec "
+                                         f"{raw[:80]!r}: {problem}; monitoring only",
+                                         attempt=job.restart_count, source="poller")
             self._known.add(key)   # only once it is stored: a failed write is retried
 
     def _sync(self, listing: dict[str, Job], now: float) -> None:

@@ -71,10 +71,10 @@ def test_injected_xid_is_tied_to_node_gpu_and_job(agent, submit, devcluster):
     data = json.loads(verdict[-1][0])
     assert (data["blame"], data["category"], data["action"], data["nodes"]) == \
         ("node", "gpu_hardware", "requeue_exclude", ["node2"])
+
+
 @pytest.mark.resilience("agent down: node reports spooled and replayed",
                         "live: prolog reports spooled on the nodes and replayed into the store")
-
-
 def test_reports_spool_while_the_agent_is_down(agent, submit, devcluster):
     agent.stop()
     try:

@@ -279,10 +279,10 @@ def test_agent_killed_mid_actuation_requeues_exactly_once(act_agent, submit, dev
             again.stop()
     finally:
         act_agent.start()
+
+
 @pytest.mark.resilience("agent dead while a job is held",
                         "recovery-ctl watchdog releases it after the decision timeout; audited")
-
-
 def test_watchdog_releases_a_held_job_while_the_agent_is_down(act_agent, submit, devcluster,
                                                               tmp_path, cleanup):
     act_agent.stop()
@@ -340,9 +340,9 @@ def test_drain_budget_blocks_the_second_drain(act_agent, submit, devcluster, tmp
 
 
 # -- slurmctld stops answering mid-recovery -------------------------------------------
+
 @pytest.mark.resilience("slurmctld frozen (SIGSTOP) 30 s mid-recovery",
                         "nothing done while blind; finished once it answers; one requeue")
-
 def test_slurmctld_stopped_30s_mid_recovery_waits_then_finishes(act_agent, submit, devcluster,
                                                                 tmp_path, cleanup):
     """The agent dies right after its requeue-hold; slurmctld then freezes for 30 s

@@ -73,10 +73,10 @@ def test_sent_when_the_agent_is_up(agent, tmp_path):
     assert deliverer(agent.port, tmp_path).deliver("epilog", rid, data) == "sent"
     assert agent.received[0]["path"] == "/v1/hooks/epilog"
     assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.resilience("agent down: node reports spooled and replayed",
                         "reports spool while the agent is down and replay oldest first")
-
-
 def test_agent_down_spools_then_replays_oldest_first(tmp_path):
     port = free_port()
     d = deliverer(port, tmp_path)
@@ -96,10 +96,10 @@ def test_agent_down_spools_then_replays_oldest_first(tmp_path):
     finally:
         late.stop()
     assert deliverer(port, tmp_path).pending() == []
+
+
 @pytest.mark.resilience("network partition between a node and the agent",
                         "a silent agent costs the hook its timeout, not more")
-
-
 def test_slow_agent_hits_the_timeout(agent, tmp_path):
     agent.delay = 2.0
     rid, data = body(1)
@@ -140,10 +140,10 @@ def test_corrupt_spool_file_is_moved_aside(agent, tmp_path, caplog):
     assert [p.name for p in (tmp_path / "corrupt").iterdir()] == \
         ["00000000000000000001-epilog-x.json"]
     assert any("moved to corrupt/" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.resilience("spool directory full on a node",
                         "the delivery logs the lost report and does not raise")
-
-
 def test_full_spool_disk_logs_and_does_not_raise(tmp_path, caplog, monkeypatch):
     """A real full filesystem where we may mount one; else open() says ENOSPC."""
     mnt = tmp_path / "small"

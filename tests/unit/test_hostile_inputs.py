@@ -41,10 +41,10 @@ class Listing:
 
     def list_jobs(self, job_ids=None):
         return list(self.jobs)
+
+
 @pytest.mark.resilience("hostile input: shell metacharacters and unicode in names, comments and paths",
                         "stored and shown as data, never interpreted")
-
-
 def test_hostile_job_names_and_comments_are_stored_as_data(tmp_path):
     from recovery_agent.scheduler.base import Job
     cfg = from_mapping({"agent": {"cluster": "c1"},
@@ -82,10 +82,10 @@ def _fake_squeue(tmp_path, text: str) -> CliScheduler:
 def test_malformed_squeue_output_is_a_scheduler_error(tmp_path, text):
     with pytest.raises(SchedulerError, match="squeue"):
         _fake_squeue(tmp_path, text).list_jobs()
+
+
 @pytest.mark.resilience("hostile input: malformed JSON from squeue/sinfo",
                         "one bad job record is skipped, the others are watched")
-
-
 def test_one_malformed_record_does_not_hide_the_others(tmp_path):
     doc = slurm_fixture("22.05", "squeue_all.json")
     good = len(doc["jobs"])
@@ -93,10 +93,10 @@ def test_one_malformed_record_does_not_hide_the_others(tmp_path):
                     {"job_id": 5, "restart_cnt": "x", "nodes": 7, "standard_output": 5}]
     jobs = _fake_squeue(tmp_path, json.dumps(doc)).list_jobs()
     assert len(jobs) == good and all(j.numeric_id for j in jobs)
+
+
 @pytest.mark.resilience("hostile input: shell metacharacters and unicode in names, comments and paths",
                         "the argv seam passes them verbatim, no shell")
-
-
 def test_runner_never_uses_a_shell_even_for_metacharacters(tmp_path):
     runner = SlurmRunner(bin_dir=str(tmp_path))
     echo = tmp_path / "scontrol"
@@ -107,10 +107,10 @@ def test_runner_never_uses_a_shell_even_for_metacharacters(tmp_path):
     assert out == argv[1:]
     with pytest.raises(TypeError):
         runner.run("scontrol show job 7; reboot")
+
+
 @pytest.mark.resilience("hostile input: 10 MB log lines",
                         "capped at 64 KiB; the next line still arrives")
-
-
 def test_a_ten_megabyte_line_is_capped_not_swallowed(tmp_path):
     log = tmp_path / "job.out"
     with open(log, "w") as fh:
@@ -124,10 +124,10 @@ def test_a_ten_megabyte_line_is_capped_not_swallowed(tmp_path):
             break
     assert lines[-1].text == "step 2"
     assert max(len(line.text) for line in lines) <= 64 * 1024
+
+
 @pytest.mark.resilience("hostile input: shell metacharacters and unicode in names, comments and paths",
                         "the hook wrapper never evaluates the comment")
-
-
 def test_hook_wrapper_shell_fast_path_does_not_evaluate_the_comment(tmp_path):
     """The dev cluster's hook wrapper reads SLURM_JOB_COMMENT in a case pattern only."""
     from recovery_agent.devcluster.config import ClusterSpec, Layout, hook_wrapper
@@ -172,3 +172,18 @@ def test_a_twenty_thousand_node_job(tmp_path):
     assert watcher.run_once() is True
     assert any(w.job_id == job.job_id and len(w.nodes) == 20000
                for w in watcher.watches.values())
+
+
+def test_an_invalid_comment_spec_is_on_the_timeline(tmp_path):
+    from recovery_agent.scheduler.base import Job
+    cfg = from_mapping({"agent": {"cluster": "c1"}})
+    store = Store(tmp_path / "r.db")
+    job = Job(job_id="9", numeric_id=9, state="RUNNING", submit_time=100, start_time=101,
+              comment="recovery=prod;rm -rf /", nodes=("n1",), user="eve", name="x")
+    watcher = Watcher(cfg, store, Listing([job]), Scanner(load_rules(), engine="re"),
+                      Tailer(MemoryCursorStore()))
+    assert watcher.run_once()
+    (row,) = store.db["jobs"].rows
+    assert row["mode"] == "monitor"
+    (event,) = store.db["events"].rows_where("kind = 'spec_invalid'")
+    assert "monitoring only" in event["message"] and event["source"] == "poller"

@@ -42,10 +42,10 @@ def job(n: int, out) -> Job:
     return Job(job_id=str(n), numeric_id=n, state="RUNNING", submit_time=1000 + n,
                start_time=1000 + n, comment="recovery=prod", stdout=str(out),
                nodes=("node1",))
+
+
 @pytest.mark.resilience("store disk full",
                         "the watch loop keeps running; /healthz 503 with the error; metrics count failed cycles; nothing acted on unrecorded; catches up when space returns")
-
-
 def test_full_disk_degrades_loudly_then_recovers(tmp_path):
     with small_tmpfs(tmp_path / "small", "16m") as mounted:
         if not mounted:
