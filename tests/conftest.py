@@ -99,3 +99,14 @@ def pytest_sessionfinish(session, exitstatus):
     text = "\n".join(lines)
     Path(path).write_text(text)
     print("\n" + text)
+
+
+# -- real unprivileged users (the hostile-user suite, -m security) -------------
+@pytest.fixture(scope="session")
+def unix_users():
+    """``unix_users("mallory")``: a real unprivileged Unix user (see tests/hostile.py),
+    the same one for the whole session, deleted at its end."""
+    from tests.hostile import Users
+    users = Users()
+    yield users
+    users.remove_all()

@@ -47,6 +47,8 @@ class Job:
     start_time: int | None = None
     end_time: int | None = None
     user: str = ""
+    user_id: int | None = None    # the job's Unix uid and gid: whose rights its files
+    group_id: int | None = None   # are read with (None: not known)
     comment: str = ""
     stdout: str = ""
     stderr: str = ""

@@ -178,7 +178,8 @@ def job_from_json(raw: Mapping[str, Any], version: tuple[int, int, int]) -> Job:
         array_task_id=task, array_task_spec=spec,
         submit_time=timestamp(raw.get("submit_time")),
         start_time=timestamp(raw.get("start_time")), end_time=timestamp(raw.get("end_time")),
-        user=raw.get("user_name") or "", comment=raw.get("comment") or "",
+        user=raw.get("user_name") or "", user_id=number(raw.get("user_id")),
+        group_id=number(raw.get("group_id")), comment=raw.get("comment") or "",
         partition=raw.get("partition") or "", cluster=raw.get("cluster") or "",
         workdir=raw.get("current_working_directory") or "",
         requeue_allowed=bool(raw.get("requeue", True)), held=held,
@@ -211,7 +212,8 @@ def _with_output_paths(job: Job, raw: Mapping[str, Any], version: tuple[int, int
 _JOB_FIELDS = ("job_id", "array_job_id", "array_task_id", "array_task_string", "job_state",
                "exit_code", "state_reason", "hold", "name", "nodes", "batch_host",
                "excluded_nodes", "restart_cnt", "submit_time", "start_time", "end_time",
-               "user_name", "comment", "partition", "cluster", "current_working_directory",
+               "user_name", "user_id", "group_id", "comment", "partition", "cluster",
+               "current_working_directory",
                "requeue", "standard_output", "standard_error", "stdout_expanded",
                "stderr_expanded")
 

@@ -112,7 +112,8 @@ def job_from_pyslurm(obj: Any) -> Job:
         submit_time=_time(getattr(obj, "submit_time", None)),
         start_time=_time(getattr(obj, "start_time", None)),
         end_time=_time(getattr(obj, "end_time", None)),
-        user=_text(obj, "user_name"), comment=_text(obj, "comment"),
+        user=_text(obj, "user_name"), user_id=_int_or_none(getattr(obj, "user_id", None)),
+        group_id=_int_or_none(getattr(obj, "group_id", None)), comment=_text(obj, "comment"),
         # libslurm's slurm_get_job_stdout/-stderr behind these two properties already
         # substitute %j/%A/%a/%u/%x and prefix the working directory. The pending
         # rest of an array has no file of its own yet.

@@ -61,6 +61,9 @@ def devcluster():
     cluster = DevCluster(state_dir)
     started_here = not cluster.is_healthy()
     cluster.up(local_spec(port=TEST_PORT))
+    # unprivileged users (the -m security suite) reach slurm.conf and the munge
+    # socket through the state dir; mkdtemp makes it 0700
+    os.chmod(cluster.lay.root, 0o755)
     yield cluster
     if started_here:
         cluster.down(quiet=True)
@@ -68,16 +71,20 @@ def devcluster():
 
 class Submitter:
     """sbatch through the same argv seam as everything else; cancels what it
-    submitted when the test ends."""
+    submitted when the test ends. ``as_user`` (a tests.hostile.UnixUser)
+    submits as that unprivileged user instead of root."""
 
     def __init__(self, cluster: DevCluster) -> None:
         self.cluster = cluster
         self.runner = cluster.runner(timeout=30)
         self.submitted: list[str] = []
 
-    def __call__(self, *args: str, script: str = "sleep 300") -> str:
-        argv = ["sbatch", "--parsable", f"--chdir={self.cluster.lay.jobs}", "--mem=100",
-                *args, "--wrap", script]
+    def __call__(self, *args: str, script: str = "sleep 300", as_user=None,
+                 chdir: str | Path | None = None) -> str:
+        argv = ["sbatch", "--parsable", f"--chdir={chdir or self.cluster.lay.jobs}",
+                "--mem=100", *args, "--wrap", script]
+        if as_user is not None:
+            argv = as_user.argv(argv)
         job_id = self.runner.run(argv).stdout.strip().split(";")[0]
         self.submitted.append(job_id)
         return job_id
