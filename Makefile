@@ -11,6 +11,8 @@ DEMO_STATE_DIR ?= /tmp/recovery-devcluster-$(UID)
 TEST_STATE_DIR ?= /tmp/recovery-test-cluster-$(UID)
 TEST_PORT      ?= 26817
 PYTEST_ARGS    ?=
+# make resilience RUNS=N: every scenario of the campaign N times (docs/resilience.md)
+RUNS           ?= 1
 
 APT_PACKAGES := slurm-wlm slurmctld slurmd slurm-client munge libmunge2 libslurm-dev \
                 gcc make python3-venv python3-dev chromium prometheus victoria-metrics \
@@ -25,7 +27,8 @@ help:
 	@echo "make test   install, build, start a dev cluster, run every test, stop it"
 	@echo "make unit   only the fast unit tests (no cluster)"
 	@echo "make bench  hook, ingest, scanner, tailer, recovery and scale benchmarks (into docs/)"
-	@echo "make resilience  the fault campaign, slow scenarios included (docs/resilience.md)"
+	@echo "make resilience [RUNS=20]  the fault campaign, slow scenarios included, every"
+	@echo "            scenario RUNS times (default 1) into docs/resilience.md; fails on any failed run"
 	@echo "make down   stop the demo cluster"
 	@echo "make deps   install Debian packages and the Python virtualenv"
 	@echo "make install [PREFIX=/opt/slurm-recovery] [DESTDIR=]  site install (docs/install.md)"
@@ -75,7 +78,7 @@ resilience: deps build
 	@$(BIN)/recovery-devcluster up --state-dir $(TEST_STATE_DIR) --port $(TEST_PORT)
 	@rc=0; RECOVERY_DEVCLUSTER_DIR=$(TEST_STATE_DIR) RECOVERY_TEST_PORT=$(TEST_PORT) \
 	  $(BIN)/python -m pytest -m resilience --resilience-report=docs/resilience.md \
-	  $(PYTEST_ARGS) || rc=$$?; \
+	  --resilience-runs=$(RUNS) $(PYTEST_ARGS) || rc=$$?; \
 	  $(BIN)/recovery-devcluster down --state-dir $(TEST_STATE_DIR); \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; fi; \
 	  exit $$rc

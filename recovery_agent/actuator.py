@@ -31,10 +31,12 @@ from slurm_hooks import spec as specs
 
 from .config import Config
 from .errors import JobNotFound, NodeNotFound, SchedulerError
-from .notify import notify
+from .notify import allowed, notify
+from .policy import our_drain
 from .notify import targets as notify_targets
 from .scheduler.base import Job, Scheduler
 from .store import OPEN_STATUSES, Store
+from .store.journal import STORE_ERRORS, SideJournal
 
 log = logging.getLogger(__name__)
 DRAIN_TAG = "recovery:"
@@ -50,6 +52,11 @@ class StepFailed(Exception):
     pass
 
 
+class Fenced(Exception):
+    """This agent no longer holds the store: another one took it over. It must
+    not touch Slurm again."""
+
+
 def drain_reason(rec_id: int, category: str) -> str:
     """The reason we give slurmctld: tagged as ours, so we never resume a node
     someone else drained."""
@@ -57,15 +64,26 @@ def drain_reason(rec_id: int, category: str) -> str:
 
 
 def ours(reason: str) -> bool:
+    """Does the reason read like one of ours? Wording only: what makes a drain
+    ours is the record :func:`our_drain` checks."""
     return reason.startswith(DRAIN_TAG)
 
 
 class Actuator:
     def __init__(self, cfg: Config, store: Store, scheduler: Scheduler,
                  clock: Callable[[], float] = time.time,
-                 mono: Callable[[], float] = time.monotonic) -> None:
+                 mono: Callable[[], float] = time.monotonic,
+                 fence: Callable[[], str] | None = None,
+                 journal: SideJournal | None = None) -> None:
+        """``fence``: says why this process may no longer act ("" while it may);
+        ``journal``: where the fail-open release writes when the store cannot
+        (default ``<store>.journal``)."""
         self.cfg, self.store, self.scheduler, self.clock = cfg, store, scheduler, clock
         self.mono = mono
+        self.fence = fence
+        self.journal = journal if journal is not None else SideJournal(
+            f"{store.path}.journal")
+        self.journaled: set[int] = set()   # ended in the journal, not the store yet
         self._holds_seen: dict[int, tuple[float, float]] = {}   # rec -> (held_at, mono 0)
         self.wake = threading.Event()
         self.crash_after = os.environ.get(CRASH_ENV, "")
@@ -80,6 +98,14 @@ class Actuator:
         """Advance every open action-mode recommendation once; run the watchdog
         and, now and then, the resume check. Returns how many are still open."""
         now = self.clock()
+        fenced = self.fence() if self.fence is not None else ""
+        if fenced:
+            if not self.waiting_for_slurm:   # said once
+                log.error("not acting on Slurm: %s", fenced)
+            self.waiting_for_slurm = True
+            return 0
+        if len(self.journal) and self.journal.replay(self.store):
+            self.journaled.clear()
         open_recs = [r for r in self.store.recommendations(OPEN_STATUSES)
                      if r["mode"] == "action"]
         overdue = self._overdue(now)
@@ -98,7 +124,12 @@ class Actuator:
             for rec in open_recs:
                 if rec["next_try"] and rec["next_try"] > now:
                     continue
-                self.advance(rec, listing, now)
+                try:
+                    self.advance(rec, listing, now)
+                except STORE_ERRORS as exc:
+                    # nothing acts unrecorded; the watchdog below still runs, and
+                    # releases what is held too long even with the store down
+                    log.error("rec=%s waits: the store refuses writes: %s", rec["id"], exc)
             self.watchdog(listing, now)
         if now - self.last_resume_check >= RESUME_CHECK_INTERVAL:
             self.last_resume_check = now
@@ -113,13 +144,26 @@ class Actuator:
             return   # cancelled (or ended) since the list was read
         try:
             if rec["scope"] == "job":
-                self._advance_job(rec, listing.get(rec["job_id"]), now)
+                self._advance_job(rec, self._listed(rec, listing), now)
             else:
                 self._advance_node(rec, now)
         except StepFailed as exc:
             self._retry_or_fail(rec, str(exc), listing.get(rec["job_id"]), now)
         except SchedulerError as exc:   # a read inside a step: wait, do not count
             log.warning("rec=%s waiting: %s", rec["id"], exc)
+
+    def _listed(self, rec: dict, listing: dict[str, Job]) -> Job | None:
+        """The recommendation's job as Slurm shows it, or None when it is gone.
+        A job the listing lacks is looked up directly before it counts as gone:
+        a listing is not evidence that a job is gone (a SchedulerError here
+        makes the recommendation wait)."""
+        job = listing.get(rec["job_id"])
+        if job is not None:
+            return job
+        try:
+            return self.scheduler.lookup_job(rec["job_id"])
+        except JobNotFound:
+            return None
 
     def _overdue(self, now: float) -> bool:
         return bool(self._held_too_long(now))
@@ -147,22 +191,49 @@ class Actuator:
         return mono - seen[1]
 
     # -- steps ---------------------------------------------------------------------
-    def _step(self, rec: dict, name: str, call: Callable[[], object], detail: str = "") -> None:
+    def _step(self, rec: dict, name: str, call: Callable[[], object], detail: str = "",
+              fail_open: bool = False) -> None:
+        """One Slurm call, recorded ``started`` before and its outcome after.
+        ``fail_open`` (the releases that keep a job from staying held): when the
+        store refuses the record, the call still runs and the side journal
+        keeps the record until the store takes it."""
         if self.pause_before == name and self.pause_file:
             self._pause(name)
-        self.store.add_step(rec["id"], name, "started", detail)
+        why = self.fence() if self.fence is not None else ""
+        if why:
+            raise Fenced(why)
+        aside = self._record(rec, name, "started", detail, fail_open, False)
         try:
             call()
         except (JobNotFound, NodeNotFound):
-            self.store.add_step(rec["id"], name, "failed", "not found")
+            self._record(rec, name, "refused", "not found", fail_open, aside)
             raise
         except SchedulerError as exc:
-            self.store.add_step(rec["id"], name, "failed", f"{exc} {exc.stderr}".strip())
+            # Slurm's answer "no" means it did not happen ('refused'); a call that
+            # timed out or got no answer may have happened ('failed')
+            answered = exc.returncode is not None and exc.returncode != 255
+            self._record(rec, name, "refused" if answered else "failed",
+                         f"{exc} {exc.stderr}".strip(), fail_open, aside)
             raise StepFailed(f"{name}: {exc}") from None
-        self.store.add_step(rec["id"], name, "ok", detail)
+        self._record(rec, name, "ok", detail, fail_open, aside)
         log.info("rec=%s job=%s step %s ok %s", rec["id"], rec["job_id"], name, detail)
         if self.crash_after == name:
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def _record(self, rec: dict, name: str, state: str, detail: str, fail_open: bool,
+                aside: bool) -> bool:
+        """Write one step row; True when it went to the side journal instead."""
+        if not aside:
+            try:
+                self.store.add_step(rec["id"], name, state, detail)
+                return False
+            except STORE_ERRORS:
+                if not fail_open:
+                    raise
+                log.error("rec=%s step %s %s: the store refuses writes; releasing anyway, "
+                          "recorded in the side journal", rec["id"], name, state)
+        self.journal.add("step", rec["id"], step=name, state=state, detail=detail)
+        return True
 
     def _pause(self, name: str) -> None:
         """Test hook: hold still before a step while the test breaks something."""
@@ -237,7 +308,7 @@ class Actuator:
 
     def _requeued(self, rec: dict) -> bool:
         """Did this recommendation's requeue-hold reach Slurm (or may it have)?"""
-        return any(s["step"] == "requeue_hold" for s in self.store.steps(rec["id"]))
+        return "requeue_hold" in may_have_run(self.store.steps(rec["id"]))
 
     def _ending(self, rec: dict, job: Job | None) -> bool:
         """Is our requeue still stopping the job (COMPLETING)? It will be held."""
@@ -250,8 +321,10 @@ class Actuator:
         if not self._holds(rec, job):
             return False
         try:
-            self._step(rec, step, lambda: self.scheduler.release(rec["job_id"]))
-            self._step(rec, "start_now", lambda: self.scheduler.start_now(rec["job_id"]))
+            self._step(rec, step, lambda: self.scheduler.release(rec["job_id"]),
+                       fail_open=True)
+            self._step(rec, "start_now", lambda: self.scheduler.start_now(rec["job_id"]),
+                       fail_open=True)
         except (StepFailed, SchedulerError) as exc:
             log.error("rec=%s could not release job %s: %s", rec["id"], rec["job_id"], exc)
             return False
@@ -269,6 +342,11 @@ class Actuator:
                 or job.restart_count <= rec["restart_at"]
                 and job.submit_time != rec["submit_time"]):
             self._finish(rec, "expired", "the job id now belongs to another job")
+            return
+        twin = self.store.open_twin(rec)
+        if twin is not None:
+            self._finish(rec, "expired", f"recommendation #{twin} already acts on job "
+                         f"{rec['job_id']} at restart {rec['restart_at']}")
             return
         self._begin(rec)
         try:
@@ -290,6 +368,12 @@ class Actuator:
         if "notify" not in steps:
             env = self.cfg.environment(spec.env)
             for target in notify_targets(spec.notify, env.notify):
+                # the job's own target is a user's word; the environment's, an admin's
+                refused = allowed(target, env.notify_allow) if target == spec.notify else ""
+                if refused:
+                    log.warning("rec=%s notify refused: %s", rec["id"], refused)
+                    self.store.add_step(rec["id"], "notify", "refused", refused)
+                    continue
                 outcome = notify(target, rec)
                 self.store.add_step(rec["id"], "notify", "ok" if outcome.ok else "failed",
                                     outcome.detail)
@@ -298,7 +382,7 @@ class Actuator:
     def _requeue(self, rec: dict, job: Job, now: float) -> None:
         at = rec["restart_at"]
         steps = self.store.steps(rec["id"])
-        begun = {s["step"] for s in steps}
+        begun = may_have_run(steps)
         done = {s["step"] for s in steps if s["state"] == "ok"}
         if job.restart_count == at:
             if job.is_pending and not job.held and "requeue_hold" not in done:
@@ -379,41 +463,65 @@ class Actuator:
             return
         self._begin(rec)
         if rec["action"] == "drain_node":
+            reason = drain_reason(rec["id"], rec["reason_category"] or "")
             if node.drained:
-                if ours(node.reason):
-                    self._mark_drained(name, node.reason, now)
+                # ours only if this recommendation's own drain got there (the
+                # agent died after the call): that exact reason, and our call
+                if node.reason == reason and "drain" in may_have_run(
+                        self.store.steps(rec["id"])):
+                    self._mark_drained(rec, name, reason, now, node)
                     self._finish(rec, "done")
                 else:
                     self._finish(rec, "done", f"already drained by someone else "
                                  f"({node.reason or 'no reason'}); not ours to resume")
                 return
-            reason = drain_reason(rec["id"], rec["reason_category"] or "")
             try:
                 self._step(rec, "drain", lambda: self.scheduler.drain_node(name, reason),
                            reason)
             except NodeNotFound:
                 self._finish(rec, "failed", f"node {name} no longer exists")
                 return
-            self._mark_drained(name, reason, now)
+            self._mark_drained(rec, name, reason, now)
             self._finish(rec, "done")
         elif rec["action"] == "resume_node":
             if not node.drained:
-                self.store.set_node(name, drained_by_us=0)
+                self._disown(name)
                 self._finish(rec, "done", "the node is no longer drained")
                 return
-            if not ours(node.reason):
-                self.store.set_node(name, drained_by_us=0)
-                self._finish(rec, "expired", f"drained by someone else now ({node.reason})")
+            if not our_drain(self.store.node(name), node):
+                self._disown(name)
+                self._finish(rec, "expired", f"drained by someone else now ({node.reason}, "
+                             f"set by {node.reason_user or '?'})")
                 return
             self._step(rec, "resume", lambda: self.scheduler.resume_node(name))
-            self.store.set_node(name, drained_by_us=0, drain_reason=None)
+            self._disown(name)
             self._finish(rec, "done")
         else:
             self._finish(rec, "failed", f"unknown node action {rec['action']!r}")
 
-    def _mark_drained(self, name: str, reason: str, now: float) -> None:
+    def _mark_drained(self, rec: dict, name: str, reason: str, now: float,
+                      node=None) -> None:
+        """Record the drain as ours: what Slurm shows right after it (reason,
+        user, timestamp) is what later tells our drain from anyone else's."""
+        if node is None:
+            try:
+                node = self.scheduler.get_node(name)
+            except SchedulerError as exc:
+                log.warning("rec=%s drained %s but cannot read it back (%s); its drain "
+                            "is recorded by reason only", rec["id"], name, exc)
+        shown = node if node is not None and node.drained and node.reason == reason else None
         with self.store.lock, self.store.db.atomic():
-            self.store.set_node(name, drained_by_us=1, drain_reason=reason, drained_at=now)
+            self.store.set_node(name, drained_by_us=1, drain_reason=reason, drained_at=now,
+                                drain_rec=rec["id"],
+                                drain_slurm_reason=shown.reason if shown else reason,
+                                drain_slurm_user=shown.reason_user if shown else None,
+                                drain_slurm_time=shown.reason_time if shown else None)
+
+    def _disown(self, name: str) -> None:
+        with self.store.lock, self.store.db.atomic():
+            self.store.set_node(name, drained_by_us=0, drain_reason=None, drain_rec=None,
+                                drain_slurm_reason=None, drain_slurm_user=None,
+                                drain_slurm_time=None)
 
     # -- the watchdog ---------------------------------------------------------------
     def watchdog(self, listing: dict[str, Job], now: float) -> list[int]:
@@ -423,31 +531,79 @@ class Actuator:
         released = []
         limit = self.cfg.policy.decision_timeout
         for row in self._held_too_long(now):
+            if row["id"] in self.journaled:
+                continue   # released; its record waits in the side journal
             rec = self.store.decode_rec(row)
-            job = listing.get(rec["job_id"])
+            try:
+                job = self._listed(rec, listing)
+            except SchedulerError as exc:
+                log.warning("watchdog: rec=%s job %s: cannot confirm it is gone, waiting: "
+                            "%s", rec["id"], rec["job_id"], exc)
+                continue
             let_go = self._let_go(rec, job, "watchdog_release")
             if not let_go and (self._holds(rec, job) or self._ending(rec, job)):
                 continue   # still stopping, or the release failed: next pass
             if rec["status"] in OPEN_STATUSES:
                 age = self._hold_age(rec["id"], rec["held_at"], now)
-                self._finish(rec, "released_by_watchdog",
-                             f"held {age:.0f}s without a completed decision "
-                             f"(policy.decision_timeout={limit:g}s); released to normal "
-                             "scheduling")
+                why = (f"held {age:.0f}s without a completed decision "
+                       f"(policy.decision_timeout={limit:g}s); released to normal scheduling")
+                self._end_held(rec, "released_by_watchdog", why)
                 released.append(rec["id"])
             else:
                 if let_go:
                     log.warning("watchdog released job %s left held by rec %s (%s)",
                                 rec["job_id"], rec["id"], rec["status"])
                     released.append(rec["id"])
-                with self.store.lock, self.store.db.atomic():
-                    self.store.update_rec(rec["id"], held_at=None)
+                self._end_held(rec, rec["status"], rec.get("error") or "")
         return released
 
+    def _end_held(self, rec: dict, status: str, why: str) -> None:
+        """The watchdog's record that a hold is over: in the store, or in the side
+        journal while the store refuses writes (the release came first)."""
+        try:
+            if status != rec["status"]:
+                self._finish(rec, status, why)
+            with self.store.lock, self.store.db.atomic():
+                self.store.update_rec(rec["id"], held_at=None)
+        except STORE_ERRORS as exc:
+            log.error("rec=%s %s: the store refuses writes (%s); recorded in the side "
+                      "journal", rec["id"], status, exc)
+            self.journal.add("finish", rec["id"], status=status, error=why, lifted=True,
+                             job=rec["job"] if status != rec["status"] else None,
+                             attempt=rec["attempt"], action=rec["action"])
+            self.journaled.add(rec["id"])
+
     # -- resuming our drains ------------------------------------------------------
+    def reconcile_drains(self) -> list[str]:
+        """Forget the drains that are no longer ours: the node was resumed, or
+        drained again by someone else (Slurm's reason time changed). They stop
+        counting against the drain budget and are never resumed by us. Returns
+        the nodes let go; a listing that fails changes nothing."""
+        rows = list(self.store.db["nodes"].rows_where("drained_by_us = 1"))
+        if not rows:
+            return []
+        try:
+            listed = {n.name: n for n in self.scheduler.list_nodes()}
+        except SchedulerError as exc:
+            log.warning("cannot check our drains against Slurm: %s", exc)
+            return []
+        gone = []
+        for row in rows:
+            node = listed.get(row["name"])
+            if node is None or our_drain(row, node):
+                continue
+            why = ("resumed" if not node.drained else
+                   f"drained again by {node.reason_user or 'someone else'} "
+                   f"({node.reason or 'no reason'})")
+            log.info("node %s is no longer drained by us: %s", row["name"], why)
+            self._disown(row["name"])
+            gone.append(row["name"])
+        return gone
+
     def resume_clean_nodes(self, now: float) -> list[int]:
         """A resume recommendation for each node we drained whose health reports
         have been clean for ``policy.resume_after``."""
+        self.reconcile_drains()
         after = self.cfg.policy.resume_after
         if not after:
             return []
@@ -481,11 +637,32 @@ class Actuator:
         while not stop.is_set():
             try:
                 pending = self.run_once()
+            except Fenced as exc:
+                log.error("stopped acting on Slurm mid-pass: %s", exc)
+                pending = 0
             except Exception:  # noqa: BLE001 - the actuator must outlive one bad pass
                 log.exception("actuator pass crashed; carrying on")
                 pending = 1
             self.wake.wait(interval if pending else 2.0)
             self.wake.clear()
+
+
+def may_have_run(steps: list[dict]) -> set[str]:
+    """The steps of which some call may have reached Slurm. Every call is
+    recorded ``started`` before it runs; one that Slurm answered with a refusal
+    (``refused``) did not happen; one whose outcome was never written (the
+    agent died) or that got no answer (``failed``: a timeout) may have."""
+    calls: dict[str, int] = {}
+    ran: set[str] = set()
+    for row in steps:
+        name, state = row["step"], row["state"]
+        if state == "started":
+            calls[name] = calls.get(name, 0) + 1
+        elif calls.get(name):
+            calls[name] -= 1
+            if state != "refused":
+                ran.add(name)
+    return ran | {name for name, open_calls in calls.items() if open_calls}
 
 
 def _spec(text: str) -> specs.RecoverySpec:

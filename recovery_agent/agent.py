@@ -52,19 +52,23 @@ def source_poller(cfg: Config, scanner):
 
 def start_watch(cfg: Config, store: Store, sched: Scheduler, ingest: Ingest,
                 scanner=None, stop: threading.Event | None = None,
-                sources=None) -> threading.Event:
+                sources=None, fence=None) -> threading.Event:
     """The watch loop and the actuator in background threads; set the returned
-    event to stop them. ``sources``: a SourcePoller (see :func:`source_poller`)."""
+    event to stop them. ``sources``: a SourcePoller (see :func:`source_poller`);
+    ``fence``: says why this agent may no longer act (see :func:`fence_for`)."""
     from .actuator import Actuator
     from .decide import Decider
     from .logs.tail import SqliteCursorStore, Tailer
     from .watch import Watcher
 
     scanner = scanner or load_scanner(cfg)
-    actuator = Actuator(cfg, store, sched)
+    actuator = Actuator(cfg, store, sched, fence=fence)
     decider = Decider(cfg, store, sched)
     decider.on_new_work.append(actuator.wake.set)
-    tailer = Tailer(SqliteCursorStore(store), allowed_roots=cfg.allowed_log_roots)
+    tailer = Tailer(SqliteCursorStore(store), allowed_roots=cfg.allowed_log_roots,
+                    max_backlog=cfg.agent.log_max_backlog_mb << 20,
+                    keep_tail=cfg.agent.log_keep_mb << 20,
+                    time_budget=cfg.agent.poll_interval / 2)
     from .detect.provider import from_config as attribution_provider
     watcher = Watcher(cfg, store, sched, scanner, tailer, decider=decider, sources=sources,
                       provider=attribution_provider(cfg))
@@ -80,7 +84,8 @@ def start_watch(cfg: Config, store: Store, sched: Scheduler, ingest: Ingest,
 
 
 def watch_when_ready(cfg: Config, store: Store, ingest: Ingest, scanner,
-                     stop: threading.Event, retry: float = 5.0, sources=None) -> None:
+                     stop: threading.Event, retry: float = 5.0, sources=None,
+                     fence=None) -> None:
     """Slurm was unreachable at start: keep trying, then start watching (an agent
     restarted during a slurmctld outage must not stay deaf once it is back)."""
     def loop() -> None:
@@ -88,9 +93,47 @@ def watch_when_ready(cfg: Config, store: Store, ingest: Ingest, scanner,
             sched = scheduler_for(cfg)
             if sched is not None:
                 ingest.attach_jobs(JobCache(sched))
-                start_watch(cfg, store, sched, ingest, scanner, stop, sources)
+                start_watch(cfg, store, sched, ingest, scanner, stop, sources, fence)
                 return
     threading.Thread(target=loop, name="wait-for-slurm", daemon=True).start()
+
+
+def open_store(cfg: Config, lock: StoreLock) -> Store:
+    """The store, locked for this agent (``lock``), private (0600: it holds
+    every user's jobs; a looser one is tightened before it is opened, so that
+    SQLite makes its -wal and -shm private too) and checked: an empty or
+    damaged store is refused with what to do."""
+    from .store import files
+    try:
+        files.make_directory(cfg.store_path)
+        lock.acquire()
+        for line in files.tighten(cfg.store_path):
+            log.warning("the store holds every user's jobs: made it private: %s", line)
+        return Store(cfg.store_path, check=True)
+    except (RecoveryError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def fence_for(cfg: Config, store: Store, lock: StoreLock):
+    """Claim the store for this agent and return its fence: a callable saying
+    why this agent may no longer act on Slurm ("" while it may). Another agent
+    that reached the same store by another path, or took it over since, stops
+    this one before its next Slurm call: two agents never act on one store."""
+    try:
+        token = store.claim(fresh_within=max(30.0, 10 * cfg.agent.poll_interval))
+    except RecoveryError as exc:
+        raise click.ClickException(str(exc)) from None
+
+    def fence() -> str:
+        lost = lock.lost()
+        if lost:
+            return lost
+        try:
+            return "" if store.claimed_by(token) else (
+                "another recovery-agent has claimed the store since this one started")
+        except Exception as exc:  # noqa: BLE001 - an unreadable claim fences too
+            return f"cannot read the store's claim: {exc}"
+    return fence
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -115,11 +158,8 @@ def main(config_path: str | None, bind: str | None, port: int | None, no_watch: 
     logging.basicConfig(level=cfg.agent.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     lock = StoreLock(cfg.store_path)
-    try:
-        lock.acquire()
-        store = Store(cfg.store_path)
-    except RecoveryError as exc:
-        raise click.ClickException(str(exc)) from None
+    store = open_store(cfg, lock)
+    fence = fence_for(cfg, store, lock)
     import uvicorn
 
     from .api import create_app
@@ -136,10 +176,10 @@ def main(config_path: str | None, bind: str | None, port: int | None, no_watch: 
         except (RecoveryError, ValueError, OSError) as exc:
             raise click.ClickException(str(exc)) from None
         if sched is not None:
-            start_watch(cfg, store, sched, ingest, scanner, stop, sources)
+            start_watch(cfg, store, sched, ingest, scanner, stop, sources, fence)
         else:
             log.warning("not watching jobs until Slurm answers (retrying every 5s)")
-            watch_when_ready(cfg, store, ingest, scanner, stop, sources=sources)
+            watch_when_ready(cfg, store, ingest, scanner, stop, sources=sources, fence=fence)
     host, listen_port = bind or cfg.api.bind, port or cfg.api.port
     if host not in ("127.0.0.1", "localhost", "::1") and not cfg.api.read_token_file:
         log.warning("the API listens on %s without api.read_token_file: anyone who can "
@@ -147,7 +187,9 @@ def main(config_path: str | None, bind: str | None, port: int | None, no_watch: 
                     "need munge); set a read token or firewall the port", host, listen_port)
     log.info("agent listening on %s:%s, store %s", host, listen_port, cfg.store_path)
     try:
-        uvicorn.run(app, host=host, port=listen_port, log_level="warning", access_log=False)
+        # proxy_headers off: X-Forwarded-For must not change who a caller is
+        uvicorn.run(app, host=host, port=listen_port, log_level="warning", access_log=False,
+                    proxy_headers=False)
     finally:
         stop.set()
     sys.exit(0)

@@ -14,11 +14,12 @@ from __future__ import annotations
 import logging
 import threading
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from slurm_hooks import munge
 
+from .api_v1 import read_body
 from .config import Config
 from .ingest import HOOKS, Ingest, ReportError, parse_body
 
@@ -78,9 +79,10 @@ def create_app(cfg: Config, ingest: Ingest) -> FastAPI:
         """Store one report from recovery-prolog, -epilog or -healthcheck."""
         if hook not in HOOKS:
             return refuse(404, f"unknown hook {hook!r}", hook)
-        body = await request.body()
-        if len(body) > MAX_BODY:
-            return refuse(413, f"body over {MAX_BODY} bytes", hook)
+        try:
+            body = await read_body(request, MAX_BODY)
+        except HTTPException as exc:
+            return refuse(exc.status_code, exc.detail, hook)
         uid, problem = authenticate(request, body, hook)
         if problem:
             return refuse(403 if uid is not None else 401, problem, hook)

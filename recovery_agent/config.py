@@ -23,6 +23,7 @@ MODES = ("monitor", "action", "external")
 BACKENDS = ("auto", "cli", "pyslurm")
 STRAGGLER_ACTIONS = ("none", "kill_requeue")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ALLOW_ENTRY = re.compile(r"^(?:\*\.)?[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})(?::\d{1,5})?$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 # Lines that show a training loop advancing: "step 120", "iteration 40/1000",
@@ -32,6 +33,22 @@ _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 DEFAULT_PROGRESS_PATTERN = (
     r"(?i)\b(?:iter(?:ation)?|step|global[_ ]step|epoch|batch)\b[\x22\x27]?\s*[:=#]?"
     r"\s*\[?\s*\d|\d(?:\.\d+)?\s*(?:it/s|s/it)\b|elapsed time per iteration")
+
+
+# Where job output usually lives: shared file systems, never the system's own
+# directories (a user's --output=/etc/shadow must not even be tried).
+DEFAULT_LOG_ROOTS = "/home,/scratch,/work,/projects,/data,/lustre,/gpfs,/nfs"
+
+
+def _validate_log_keys(agent: "AgentConfig") -> None:
+    for root in filter(None, (r.strip() for r in agent.log_roots.split(","))):
+        if not root.startswith("/"):
+            raise ConfigError(f"agent.log_roots: {root!r} is not an absolute path")
+    if agent.log_max_backlog_mb < 0:
+        raise ConfigError("agent.log_max_backlog_mb: must not be negative (0: never skip)")
+    if agent.log_max_backlog_mb and not 0 < agent.log_keep_mb < agent.log_max_backlog_mb:
+        raise ConfigError("agent.log_keep_mb: must be above 0 and below "
+                          "agent.log_max_backlog_mb")
 
 
 def parse_duration(value: Any, key: str = "duration") -> float:
@@ -66,9 +83,31 @@ class AgentConfig:
     log_level: str = _doc("DEBUG, INFO, WARNING or ERROR.", default="INFO")
     patterns_dir: str = _doc("A directory of the site's own pattern packs (*.toml), "
                              "loaded after the shipped ones.", default="")
-    log_roots: str = _doc("Comma-separated directories job output may be read from "
-                          "(after resolving links); empty: anywhere. Symlinked log files "
-                          "are never followed.", default="")
+    log_roots: str = _doc(
+        "Comma-separated directories job output may be read from: the shared file "
+        "systems where jobs write. The agent reads as root, so a job's --output is "
+        "opened with its user's rights (links of theirs not followed, the file must be "
+        "theirs) and, besides, must resolve under one of these. The default names the "
+        "usual shared roots and none of the system's own directories (/, /tmp, /etc, "
+        "/root, /var, /usr, /proc, /sys, /dev, /run, /boot); a root that does not "
+        "exist here costs nothing. Empty: anywhere the user may read (not advised).",
+        default=DEFAULT_LOG_ROOTS)
+    log_max_backlog_mb: int = _doc(
+        "A job output file more than this many MiB ahead of the agent (a flood of "
+        "output) is skipped to its last log_keep_mb MiB, from a line start, and the skip "
+        "goes on the job's timeline and into recovery_log_bytes_skipped_total. 0 never "
+        "skips (a flood then delays detection for as long as it takes to read).",
+        default=16)
+    log_keep_mb: int = _doc("How much of the end of a skipped file is read (MiB, below "
+                            "log_max_backlog_mb).", default=2)
+    node_report_wait: float = _doc(
+        "How long after a job ends its verdict waits for the epilog report of each of "
+        "its nodes that sent this attempt's prolog report, before deciding without it "
+        "(a report a node had to spool arrives when the node replays its spool). Not "
+        "waited for: a NODE_FAIL job, one that completed, was cancelled or preempted, "
+        "and one whose node reports already blame a node by a fatal XID. Size it to "
+        "Slurm's HealthCheckInterval plus 30s (a health check replays the spool); "
+        "below 15s it changes nothing.", duration=True, default=90.0)
 
 
 @dataclass(frozen=True)
@@ -116,6 +155,14 @@ class EnvironmentConfig:
                        "besides the job's own notify=: comma-separated mail (the job's "
                        "user, through the local MTA), http(s) URLs (a JSON POST) and "
                        "slack:URL (a Slack-compatible incoming webhook).", default="")
+    notify_allow: str = _doc("Hosts a job's own notify= URL may reach: comma-separated "
+                             "host names, host:port, or *.domain for any host under it "
+                             "(default ports only, unless a port is named). Empty (the "
+                             "default): none, because the agent posts as root from its own "
+                             "host, where a user-given URL could reach services that trust "
+                             "it (loopback, the cluster network). The environment's own "
+                             "notify list is the admin's and needs no entry here.",
+                             default="")
     straggler_action: str = _doc("What a straggler leads to: none (record it) or "
                                  "kill_requeue (kill the job and requeue it without the "
                                  "slow host).", default="none")
@@ -318,7 +365,9 @@ class Config:
 
     @property
     def allowed_log_roots(self) -> tuple[str, ...]:
-        return tuple(r.strip() for r in self.agent.log_roots.split(",") if r.strip())
+        """The directories of agent.log_roots (empty: no limit but the user's rights)."""
+        return tuple(r.strip().rstrip("/") or "/" for r in self.agent.log_roots.split(",")
+                     if r.strip())
 
     @property
     def admin_uids(self) -> frozenset[int]:
@@ -396,12 +445,20 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"scheduler.ssh_options: {exc}") from None
     if cfg.agent.poll_interval <= 0:
         raise ConfigError("agent.poll_interval: must be above zero")
+    _validate_log_keys(cfg.agent)
+    if cfg.agent.node_report_wait > 3600:
+        raise ConfigError("agent.node_report_wait: at most 1h (a verdict should not "
+                          "wait longer for one node)")
     for name, env in cfg.environments.items():
         for target in filter(None, (t.strip() for t in env.notify.split(","))):
             if not (target == "mail" or target.startswith(("http://", "https://"))
                     or target.startswith(("slack:http://", "slack:https://"))):
                 raise ConfigError(f"environments.{name}.notify: {target!r} is not mail, "
                                   "an http(s) URL or slack:URL")
+        for entry in filter(None, (t.strip() for t in env.notify_allow.split(","))):
+            if not _ALLOW_ENTRY.match(entry):
+                raise ConfigError(f"environments.{name}.notify_allow: {entry!r} is not a "
+                                  "host name, host:port or *.domain")
     if cfg.attribution.webhook_url and not cfg.attribution.webhook_url.startswith(
             ("http://", "https://")):
         raise ConfigError("attribution.webhook_url: must be an http:// or https:// URL")

@@ -7,6 +7,11 @@ their log lines, recommendations and every Slurm step) and its attempts. Each
 section is also served alone under ``/console/part/...``; a few lines of
 JavaScript fetch those every few seconds and swap them in, so the page stays
 current without a reload. No build step, no external assets.
+
+Every page and part is read as its caller, with the API's rules
+(:mod:`recovery_agent.service`): a user sees their own jobs and the
+recommendations about them, gets 403 for another user's job, and sees the
+nodes as everyone does (the cluster's, as in sinfo).
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 
-from .service import NotFound, Service
+from .service import Caller, Service, ServiceError
 
 REFRESH_MS = 5000
 LANES = (("slurm", "Slurm / agent"), ("hooks", "node hooks"), ("detected", "detections"),
@@ -83,9 +88,9 @@ class Console:
         self.service = service
 
     # -- the overview ---------------------------------------------------------
-    def jobs_part(self) -> str:
+    def jobs_part(self, who: Caller | None = None) -> str:
         rows = []
-        for job in self.service.jobs(limit=200):
+        for job in self.service.jobs(limit=200, who=who):
             flags = []
             if job["restart_count"]:
                 flags.append(f"requeued x{job['restart_count']}")
@@ -104,8 +109,8 @@ class Console:
                 "<th>flags</th><th>last recommendation</th></tr>" + "".join(rows)
                 + "</table>" + ("" if rows else "<p class='muted'>no tracked jobs yet</p>"))
 
-    def recs_part(self) -> str:
-        rows = [r for r in self.service.recommendations(limit=1000)
+    def recs_part(self, who: Caller | None = None) -> str:
+        rows = [r for r in self.service.recommendations(limit=1000, who=who)
                 if r["status"] in ("proposed", "executing", "blocked_by_budget")]
         body = "".join(
             f"<tr><td>#{r['id']}</td><td>{_when(r['created'])}</td>"
@@ -118,7 +123,8 @@ class Console:
                 "<th>status</th><th>why</th></tr>" + body + "</table>"
                 + ("" if rows else "<p class='muted'>none</p>"))
 
-    def nodes_part(self) -> str:
+    def nodes_part(self, who: Caller | None = None) -> str:
+        """The same for every reader: no user's jobs in it."""
         drained = "<span class='tag bad'>drained by us</span>"
         rows = "".join(
             f"<tr><td>{_e(n['name'])}</td><td>{n['suspect_score']:.2f}</td>"
@@ -129,9 +135,9 @@ class Console:
         return ("<h2>Nodes</h2><table><tr><th>node</th><th>suspect score</th><th>drain</th>"
                 "<th>reason</th><th>operator</th></tr>" + rows + "</table>")
 
-    def overview(self) -> str:
+    def overview(self, who: Caller | None = None) -> str:
         return _page("slurm-recovery console", "".join(
-            f"<section id='{name}' data-part='/console/part/{name}'>{part()}</section>"
+            f"<section id='{name}' data-part='/console/part/{name}'>{part(who)}</section>"
             for name, part in (("recommendations", self.recs_part), ("jobs", self.jobs_part),
                                ("nodes", self.nodes_part))))
 
@@ -150,9 +156,9 @@ class Console:
             return "decision"
         return "slurm"
 
-    def timeline_part(self, job_id: str) -> str:
-        events = self.service.timeline(job_id)
-        detail = self.service.job(job_id)
+    def timeline_part(self, job_id: str, who: Caller | None = None) -> str:
+        events = self.service.timeline(job_id, who)
+        detail = self.service.job(job_id, who)
         if not events:
             return "<h2>Timeline</h2><p class='muted'>no events yet</p>"
         start, end = events[0]["ts"], events[-1]["ts"]
@@ -196,8 +202,8 @@ class Console:
         return ("<h2>Timeline</h2>" + "".join(svg) + "<table><tr><th>time</th><th>attempt</th>"
                 "<th>what</th><th>detail</th></tr>" + "".join(rows) + "</table>")
 
-    def job_page(self, job_id: str) -> str:
-        detail = self.service.job(job_id)
+    def job_page(self, job_id: str, who: Caller | None = None) -> str:
+        detail = self.service.job(job_id, who)
         job = detail["job"]
         attempts = "".join(
             f"<tr><td>{a['attempt']}</td><td>{_state(a['state'])}</td>"
@@ -219,7 +225,7 @@ class Console:
                 f"<th>action</th><th>nodes</th><th>status</th><th>mode</th><th>reason</th>"
                 f"</tr>{recs}</table></section>"
                 f"<section id='timeline' data-part='/console/part/job/{_e(job_id)}/timeline'>"
-                f"{self.timeline_part(job_id)}</section>")
+                f"{self.timeline_part(job_id, who)}</section>")
         return _page(f"job {job_id}", body)
 
 
@@ -227,12 +233,13 @@ def register(app: FastAPI, service: Service, readable) -> None:
     console = Console(service)
 
     def page(request: Request, render, *args) -> HTMLResponse:
-        readable(request)
+        who = readable(request)
         try:
-            return HTMLResponse(render(*args))
-        except NotFound as exc:
-            return HTMLResponse(_page("not found", f"<section><p>{_e(exc)}</p></section>"),
-                                status_code=404)
+            return HTMLResponse(render(*args, who=who))
+        except ServiceError as exc:     # 404 not tracked, 403 another user's job
+            title = "not found" if exc.status == 404 else "not allowed"
+            return HTMLResponse(_page(title, f"<section><p>{_e(exc)}</p></section>"),
+                                status_code=exc.status)
 
     @app.get("/console", response_class=HTMLResponse, tags=["console"])
     def overview(request: Request) -> HTMLResponse:

@@ -139,14 +139,18 @@ def _print_report(path: Path, detections: list[Detection], verdict: Verdict) -> 
 # -- the agent's state: jobs, nodes, recommendations, the audit trail ----------------
 #
 # Reads come from the store file (``--db``, else the config's store when this host
-# can read it) or from the agent's API (``--url``). Changes go to the agent's API,
-# signed with munge, so the agent checks the caller's role and audits the uid; with
-# ``--db`` they are written to the store directly (for when the agent is down).
+# can read it), opened read-only, or from the agent's API (``--url``), signed with
+# munge or with the read token where this user can read it. Changes go to the
+# agent's API, signed with munge, so the agent checks the caller's role and audits
+# the uid; with ``--db`` they are written to the store directly (for when the agent
+# is down), which needs the store writable here. The store is the agent's (0600):
+# users read through the API, which shows them their own jobs.
 
 _config_option = click.option(
     "-c", "--config", "config_path", type=click.Path(dir_okay=False), default=None,
     help="Agent config [default: $RECOVERY_CONFIG or /etc/slurm-recovery/recovery.toml].")
-_db_option = click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
+_db_option = click.option("--db", "db_path", default=None,
+                          type=click.Path(dir_okay=False, readable=False),
                           help="Use this store file directly (works with the agent down).")
 _url_option = click.option("--url", default=None, envvar="RECOVERY_URL",
                            help="The agent's API [default: from api.bind and api.port].")
@@ -154,10 +158,15 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="JSON for sc
 
 
 class Client:
-    """The same questions and changes, over the store (Service) or over HTTP."""
+    """The same questions and changes, over the store (Service) or over HTTP.
+
+    ``writing``: a change; it goes to the agent's API unless ``--db`` names a
+    store, which must then be writable here. ``readonly``: a read command; a
+    store is opened read-only (SQLite ``mode=ro``: nothing created, migrated
+    or changed)."""
 
     def __init__(self, config_path: str | None, db_path: str | None, url: str | None,
-                 writing: bool = False) -> None:
+                 writing: bool = False, readonly: bool = False) -> None:
         from .config import load
         try:
             self.cfg = load(config_path)
@@ -166,14 +175,12 @@ class Client:
         self.url = url
         self.service = None
         path = Path(db_path) if db_path else self.cfg.store_path
-        if db_path or (not url and not writing and path.exists()
-                       and os.access(path, os.R_OK)):
-            if not path.exists():
-                raise click.ClickException(f"no store at {path} (has the agent run?)")
+        if db_path or (not url and not writing and os.access(path, os.R_OK)):
             from .service import Service
-            from .store import Store
+            from .store import Store, files
             try:
-                self.service = Service(self.cfg, Store(path))
+                files.must_exist(path, writable=writing)
+                self.service = Service(self.cfg, Store(path, readonly=readonly))
             except RecoveryError as exc:
                 raise click.ClickException(str(exc)) from None
         elif not url:
@@ -202,21 +209,8 @@ class Client:
             else:
                 headers["X-Recovery-Uid"] = str(os.getuid())
             headers["Content-Type"] = "application/json"
-        elif self.cfg.api.auth == "munge" and not self.cfg.api.read_token_file:
-            # a signed read: users see their own jobs, admins everything
-            from slurm_hooks import munge
-            try:
-                headers["Authorization"] = "Munge " + munge.sign_body(
-                    b"", self.cfg.api.munge_socket)
-            except munge.MungeError:
-                pass   # unsigned: a trusted reader on an unexposed agent
-        elif self.cfg.api.read_token_file:
-            try:
-                token = Path(self.cfg.api.read_token_file).read_text().strip()
-            except OSError as exc:
-                raise click.ClickException(f"{self.cfg.api.read_token_file}: "
-                                           f"{exc.strerror}") from None
-            headers["Authorization"] = f"Bearer {token}"
+        else:
+            headers.update(self._read_auth())
         params = {k: v for k, v in params.items() if v is not None}
         try:
             resp = requests.request(method, f"{self.url}{path}", data=data, params=params,
@@ -234,13 +228,41 @@ class Client:
                                        f"{resp.status_code})")
         return answer
 
+    def _read_auth(self) -> dict:
+        """A read's credential: the read token where this user can read it (a
+        trusted reader); else a munge-signed read, which the agent answers as
+        this uid (a user sees their own jobs); else none (an unexposed agent
+        then goes by who owns the connection)."""
+        token_file = self.cfg.api.read_token_file
+        problem = ""
+        if token_file:
+            try:
+                return {"Authorization": "Bearer "
+                        + Path(token_file).read_text(encoding="utf-8").strip()}
+            except OSError as exc:
+                problem = f"cannot read the token {token_file}: {exc.strerror or exc}"
+        if self.cfg.api.auth == "munge":
+            from slurm_hooks import munge
+            try:
+                return {"Authorization": "Munge " + munge.sign_body(
+                    b"", self.cfg.api.munge_socket)}
+            except munge.MungeError as exc:
+                if problem:
+                    raise click.ClickException(f"{problem}, nor sign the read with munge: "
+                                               f"{exc}") from None
+        return {}
+
     def call(self, name: str, *args, **kwargs):
         """Run a Service method here, or its endpoint at the agent."""
         if self.service is not None:
+            from .store import files
             try:
                 return getattr(self.service, name)(*args, **kwargs)
             except RecoveryError as exc:
                 raise click.ClickException(str(exc)) from None
+            except files.DB_ERRORS as exc:
+                raise click.ClickException(str(files.explain(self.store.path, exc,
+                                                             "use"))) from None
         return _HTTP[name](self, *args, **kwargs)
 
     def change(self, name: str, *args, **kwargs):
@@ -344,7 +366,7 @@ def show_jobs(state, user, env, config_path, db_path, url, as_json) -> None:
     Example:
         recovery-ctl show jobs --user ana --env prod
     """
-    rows = Client(config_path, db_path, url).call("jobs", state, user, env)
+    rows = Client(config_path, db_path, url, readonly=True).call("jobs", state, user, env)
     if as_json:
         _dump(rows)
         return
@@ -372,7 +394,7 @@ def show_job(job_id: str, config_path, db_path, url, as_json: bool) -> None:
         recovery-ctl show job 4410
         recovery-ctl show job 1234_7 --json | jq '.timeline[].message'
     """
-    client = Client(config_path, db_path, url)
+    client = Client(config_path, db_path, url, readonly=True)
     tasks = client.call("array", job_id) if job_id.isdigit() else []
     if tasks and (client.store is None
                   or client.store.find_job(client.cfg.agent.cluster, job_id) is None):
@@ -422,7 +444,7 @@ def show_nodes(config_path, db_path, url, as_json) -> None:
     Example:
         recovery-ctl show nodes
     """
-    rows = Client(config_path, db_path, url).call("nodes")
+    rows = Client(config_path, db_path, url, readonly=True).call("nodes")
     if as_json:
         _dump(rows)
         return
@@ -451,7 +473,7 @@ def show_node(name, config_path, db_path, url, as_json) -> None:
     Example:
         recovery-ctl show node node7
     """
-    row = Client(config_path, db_path, url).call("node", name)
+    row = Client(config_path, db_path, url, readonly=True).call("node", name)
     if as_json:
         _dump(row)
         return
@@ -479,7 +501,7 @@ def show_recommendations(status, env, config_path, db_path, url, as_json) -> Non
     Example:
         recovery-ctl show recommendations --status blocked_by_budget
     """
-    rows = Client(config_path, db_path, url).call("recommendations", status, env)
+    rows = Client(config_path, db_path, url, readonly=True).call("recommendations", status, env)
     if as_json:
         _dump(rows)
         return
@@ -505,7 +527,7 @@ def show_config(config_path, db_path, url, as_json) -> None:
         recovery-ctl show config --json | jq .policy
     """
     from dataclasses import asdict
-    client = Client(config_path, db_path, url)
+    client = Client(config_path, db_path, url, readonly=True)
     data = {k: v for k, v in asdict(client.cfg).items() if k != "environments"}
     data["environments"] = {n: asdict(e) for n, e in client.cfg.environments.items()}
     try:
@@ -593,7 +615,8 @@ def include(node, config_path, db_path, url) -> None:
 @_db_option
 @_url_option
 def ack(rec_id, config_path, db_path, url) -> None:
-    """Claim an external-mode recommendation (as a site controller would).
+    """Claim an external-mode recommendation (admin: as a site controller does,
+    before it acts on Slurm and reports the outcome).
 
     \b
     Example:
@@ -610,7 +633,8 @@ def ack(rec_id, config_path, db_path, url) -> None:
 @_db_option
 @_url_option
 def cancel(rec_id, reason, config_path, db_path, url) -> None:
-    """Withdraw a recommendation that has not started on Slurm.
+    """Withdraw a recommendation that has not started on Slurm. A user may
+    withdraw those for their own jobs; a node's drain or resume needs an admin.
 
     \b
     Example:
@@ -645,8 +669,8 @@ def audit(since, until, job_id, fmt, as_json, config_path, db_path, url) -> None
         recovery-ctl audit --job 4410
         recovery-ctl audit --since 2026-11-01 --format csv > november.csv
     """
-    recs = Client(config_path, db_path, url).call("audit", _parse_time(since),
-                                                  _parse_time(until), job_id)
+    recs = Client(config_path, db_path, url, readonly=True).call(
+        "audit", _parse_time(since), _parse_time(until), job_id)
     fmt = "json" if as_json else fmt
     if fmt == "json":
         for rec in recs:
@@ -704,8 +728,6 @@ def watchdog(config_path, db_path, force: bool) -> None:
     """
     import time as _time
 
-    from .actuator import Actuator
-    from .agent import scheduler_for
     from .store import StoreLock
 
     client = Client(config_path, db_path, None)
@@ -715,11 +737,33 @@ def watchdog(config_path, db_path, force: bool) -> None:
     cfg, store = client.cfg, client.store
     beat = (store.get_state("heartbeat") or {}).get("time", 0)
     age = _time.time() - beat
-    if not force and StoreLock(store.path).held_elsewhere() \
-            and age < cfg.policy.decision_timeout:
-        click.echo(f"watchdog: the agent is running (heartbeat {age:.0f}s ago) and runs the "
-                   "watchdog itself; nothing to do")
-        return
+    lock = StoreLock(store.path)
+    try:
+        lock.acquire()   # held while acting: no agent starts on the store meanwhile
+    except OSError as exc:   # no lock file can be made (a full disk): fail open
+        click.echo(f"watchdog: cannot take the store lock ({exc.strerror}); going on "
+                   "without it")
+    except RecoveryError:
+        if not force and age < cfg.policy.decision_timeout:
+            click.echo(f"watchdog: the agent is running (heartbeat {age:.0f}s ago) and runs "
+                       "the watchdog itself; nothing to do")
+            return
+        click.echo(f"watchdog: the agent holds the store but its heartbeat is {age:.0f}s old"
+                   + (" (--force)" if force else "") + "; releasing what it left held")
+    try:
+        _watchdog_pass(cfg, store)
+    finally:
+        lock.release()
+
+
+def _watchdog_pass(cfg, store) -> None:
+    """One watchdog pass from this process. The releases run even when the store
+    refuses writes (full disk, read-only): their record then waits in the side
+    journal (``<store>.journal``) and reaches the store on a later run."""
+    import time as _time
+
+    from .actuator import Actuator
+    from .agent import scheduler_for
     sched = scheduler_for(cfg)
     if sched is None:
         raise click.ClickException("watchdog: no usable Slurm backend (see the log line above)")
@@ -727,12 +771,19 @@ def watchdog(config_path, db_path, force: bool) -> None:
         listing = {j.job_id: j for j in sched.list_jobs()}
     except RecoveryError as exc:
         raise click.ClickException(f"watchdog: cannot list jobs: {exc}") from None
-    released = Actuator(cfg, store, sched).watchdog(listing, _time.time())
+    actuator = Actuator(cfg, store, sched)
+    if len(actuator.journal):
+        written = actuator.journal.replay(store)
+        click.echo(f"watchdog: {written} record(s) from the side journal written to the store")
+    released = actuator.watchdog(listing, _time.time())
     for pk in released:
         rec = store.rec(pk)
-        click.echo(f"watchdog: released job {rec['job_id']} (recommendation #{pk}, "
-                   f"{rec['status']})")
-    click.echo(f"watchdog: {len(released)} job(s) released")
+        status = "released (recorded in the side journal)" \
+            if pk in actuator.journaled else rec["status"]
+        click.echo(f"watchdog: released job {rec['job_id']} (recommendation #{pk}, {status})")
+    click.echo(f"watchdog: {len(released)} job(s) released"
+               + (f"; {len(actuator.journal)} record(s) wait in {actuator.journal.path} for "
+                  "the store to take writes" if len(actuator.journal) else ""))
 
 
 @main.command()
@@ -837,7 +888,7 @@ def report(since, until, config_path, db_path, as_json) -> None:
     """
     from .agent import scheduler_for
     from .report import build
-    client = Client(config_path, db_path, None)
+    client = Client(config_path, db_path, None, readonly=True)
     if client.service is None:
         raise click.ClickException(f"report: cannot read the store {client.cfg.store_path} "
                                    "here (run it on the agent's host, or name it with --db)")

@@ -20,7 +20,8 @@ from .config import Config
 from .detect.model import Detection, Verdict
 from .errors import SchedulerError
 from .policy import (STRIKE_WEIGHTS, BudgetState, Decision, History, Limits, NodeFacts,
-                     decide, drain_budget, effective_mode, lemon_score)
+                     confined, decide, drain_budget, effective_mode, lemon_score,
+                     our_drain)
 from .scheduler.base import Job, Scheduler
 from .store import Store
 
@@ -137,6 +138,10 @@ class Decider:
         has a decision."""
         now = self.clock()
         state = job.state if job is not None else "UNKNOWN"
+        # blame stays inside the attempt's allocation, whatever the evidence names
+        verdict = confined(verdict, nodes)
+        witnessed = tuple(sorted({d.host for d in detections
+                                  if d.host and d.origin != "job" and d.severity != "info"}))
         with self.store.lock:
             if self.store.job_rec(job_pk, attempt) is not None:
                 if verdict_event:
@@ -146,7 +151,7 @@ class Decider:
             history = self.history(job_pk, attempt, spec, job, nodes)
             facts = self.node_facts(tuple(verdict.nodes), now, verdict.category)
             decision = decide(verdict, trigger=trigger, state=state, history=history,
-                              limits=self.limits(spec), facts=facts)
+                              limits=self.limits(spec), facts=facts, witnessed=witnessed)
             mode = self.mode(spec)
             with self.store.db.atomic():
                 if verdict_event:
@@ -269,8 +274,11 @@ class Decider:
                 ("proposed", "executing", "would_have")) if r["action"] == "drain_node"
                 and r["target_nodes"] and (r["status"] != "would_have"
                                            or (r["created"] or 0) >= now - 86400)}
+            # ours only while Slurm still shows our drain: a node a human resumed
+            # or drained again no longer counts against our budget
+            by_name = {n.name: n for n in listed}
             drained = {r["name"] for r in self.store.db["nodes"].rows_where(
-                "drained_by_us = 1")} | pending
+                "drained_by_us = 1") if our_drain(r, by_name.get(r["name"]))} | pending
             for n in listed:
                 for part in n.partitions:
                     sizes[part] = sizes.get(part, 0) + 1

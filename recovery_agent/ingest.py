@@ -2,12 +2,17 @@
 
 The HTTP layer (``recovery_agent.api``) only authenticates and hands the bytes
 here. A report is identified by its ``report_id``: a spooled report delivered
-twice is stored once.
+twice is stored once. A report replayed from a node's spool carries a
+``delivery`` object (see :mod:`slurm_hooks.delivery`): it is stored as late and
+said so on the job's timeline. A job report whose attempt was judged already is
+marked ``after_verdict``: the watch loop then counts its fatal XIDs against the
+node.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import time
 from dataclasses import dataclass, replace
@@ -19,8 +24,10 @@ from .errors import RecoveryError
 from .jobcache import JobCache
 from .scheduler.base import FINISHED_STATES, Job
 from .store import Store
+from .store import reports as report_rows
 
 HOOKS = ("prolog", "epilog", "health")
+REPLAYERS = (*HOOKS, "hook", "replayer")   # who may have replayed a spooled report
 _ID = re.compile(r"[0-9a-f]{32}")
 _NODE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _JOB_ID = re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")
@@ -99,7 +106,45 @@ def validate(hook: str, report: Any) -> dict:
         _objects(report, "log_lines", MAX_LOG_LINES, "", {"text": (str,)})
     if hook == "epilog":
         _want(report, "exit", (dict,), "")
+    _delivery(report)
     return report
+
+
+def _delivery(report: dict) -> None:
+    """The optional ``delivery`` object of a replayed report."""
+    delivery = _want(report, "delivery", (dict,), "", required=False)
+    if delivery is None:
+        return
+    spooled = _want(delivery, "spooled_at", (int, float), "delivery.", required=False)
+    if spooled is not None and not math.isfinite(spooled):
+        raise ReportError("delivery.spooled_at: not a finite time")
+    tries = _want(delivery, "tries", (int,), "delivery.", required=False)
+    if tries is not None and not 0 <= tries <= 1_000_000:
+        raise ReportError("delivery.tries: expected 0 to 1000000")
+    by = _want(delivery, "by", (str,), "delivery.", required=False)
+    if by is not None and by not in REPLAYERS:
+        raise ReportError(f"delivery.by: expected one of {', '.join(REPLAYERS)}")
+
+
+def _arrival(hook: str, report: dict, row: dict) -> str:
+    """The timeline line for a stored report: ``late epilog report from node2
+    (spooled 34s ago, 3 tries, replayed by the health check)`` for a replay."""
+    after = ", after this attempt's verdict" if row["after_verdict"] else ""
+    if not row["late"]:
+        return f"{hook} report from {report['node']}{after}"
+    delivery = report["delivery"]
+    facts = []
+    if delivery.get("spooled_at") is not None:
+        facts.append(f"spooled {max(0.0, row['received'] - delivery['spooled_at']):.0f}s ago")
+    if delivery.get("tries"):
+        facts.append(f"{delivery['tries']} tries")
+    by = delivery.get("by")
+    if by in HOOKS:
+        facts.append("replayed by the " + ("health check" if by == "health" else by))
+    elif by == "replayer":
+        facts.append("replayed by the epilog's replayer")
+    text = f"late {hook} report from {report['node']}"
+    return text + (f" ({', '.join(facts)})" if facts else "") + after
 
 
 def parse_body(hook: str, body: bytes) -> dict:
@@ -167,9 +212,7 @@ class Ingest:
         # the hook's own count names the attempt: a late epilog belongs to its attempt
         self.store.record_attempt(pk, replace(found, restart_count=attempt))
         if problem:
-            self.store.add_event(pk, "spec_invalid", f"invalid recovery spec "
-                                 f"{job['spec'][:80]!r}: {problem}; monitoring only",
-                                 attempt=attempt, source=f"hooks/{node}")
+            self.store.note_invalid_spec(pk, job["spec"], problem, attempt, f"hooks/{node}")
         return pk, attempt
 
     def store_report(self, hook: str, report: dict, sender_uid: int | None = None) -> StoredReport:
@@ -185,16 +228,20 @@ class Ingest:
             if report.get("job"):
                 job_pk, attempt = self._job(cluster, report["node"], report["job"], hook)
             row = self._report_row(hook, report, cluster, job_pk, attempt, sender_uid)
+            if job_pk is not None:   # judged already: the watch loop counts its XIDs
+                row["after_verdict"] = int(report_rows.has_verdict(self.store, job_pk, attempt))
             report_pk = db["node_reports"].insert(row).last_pk
             self._store_xids(report, report_pk, job_pk, attempt)
             self._node_health(report)
             if job_pk is not None:
-                self.store.add_event(job_pk, f"hook_{hook}",
-                                     f"{hook} report from {report['node']}",
+                self.store.add_event(job_pk, f"hook_{hook}", _arrival(hook, report, row),
                                      attempt=attempt, source="hooks",
                                      data={"report": report["report_id"],
                                            "xids": len(report["xids"]),
-                                           "gpus": report["gpus"].get("count")})
+                                           "gpus": report["gpus"].get("count"),
+                                           "after_verdict": bool(row["after_verdict"]),
+                                           **({"delivery": report["delivery"]}
+                                              if row["late"] else {})})
         if job_pk is not None and report.get("log_lines"):
             for listener in self.log_listeners:
                 listener(job_pk, attempt, report)
@@ -203,7 +250,11 @@ class Ingest:
     def _report_row(self, hook, report, cluster, job_pk, attempt, sender_uid) -> dict:
         gpus = report["gpus"]
         exit_info = report.get("exit") or {}
+        delivery = report.get("delivery")
         return {"report_id": report["report_id"], "hook": hook, "cluster": cluster,
+                "late": int(delivery is not None), "after_verdict": 0,
+                "spooled_at": (delivery or {}).get("spooled_at"),
+                "delivery": json.dumps(delivery) if delivery is not None else None,
                 "node": report["node"], "job": job_pk, "attempt": attempt,
                 "created": report["created"], "received": time.time(),
                 "gpu_ok": int(bool(gpus.get("ok"))), "gpu_count": len(gpus["gpus"]),

@@ -90,9 +90,12 @@ class StoreCollector:
                                   "Watch cycles that failed (a full or read-only store, "
                                   "Slurm errors) since the agent started",
                                   value=self.store.health.get("errors", 0))
+        health = self.store.health
         yield GaugeMetricFamily("recovery_store_failing",
-                                "1 while the last watch cycle failed",
-                                value=1 if self.store.health.get("error") else 0)
+                                "1 while the last watch cycle failed, and once a read "
+                                "found the store damaged (as /healthz says)",
+                                value=1 if health.get("error") or health.get("damaged")
+                                else 0)
         yield GaugeMetricFamily("recovery_pending_verdicts",
                                 "Ended attempts judged but not yet stored (kept in memory "
                                 "while the store cannot be written)",
@@ -101,6 +104,12 @@ class StoreCollector:
                                   "Pending verdicts dropped because more than "
                                   "MAX_PENDING_VERDICTS waited (the store failed for long)",
                                   value=self.store.health.get("dropped_verdicts", 0))
+        yield CounterMetricFamily("recovery_log_bytes_skipped",
+                                  "Bytes of job output skipped unread since the agent "
+                                  "started: files that ran more than "
+                                  "agent.log_max_backlog_mb ahead (floods) were read on "
+                                  "from their tail (each skip is on the job's timeline)",
+                                  value=self.store.health.get("log_bytes_skipped", 0))
         yield from _source_families(self.store.health.get("sources") or {})
         if self.counters is not None:
             family = CounterMetricFamily("recovery_ingest_requests",

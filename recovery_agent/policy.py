@@ -25,7 +25,7 @@ the nodes an operator excluded, as long as enough nodes remain to run the job.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
 from .detect.model import Verdict
@@ -102,13 +102,34 @@ def effective_mode(env_mode: str, job_mode: str | None) -> str:
     return min(env_mode, job_mode, key=MODE_RANK.__getitem__)
 
 
+def confined(verdict: Verdict, nodes: Sequence[str]) -> Verdict:
+    """The verdict with its blame kept to ``nodes``, the attempt's own nodes as
+    Slurm lists them: no evidence, however it reads, may point a job's recovery
+    at a node outside its allocation. A node verdict left with no node becomes
+    an unexplained one."""
+    inside = tuple(n for n in verdict.nodes if n in nodes)
+    if inside == tuple(verdict.nodes):
+        return verdict
+    outside = ", ".join(n for n in verdict.nodes if n not in nodes)
+    note = f"{verdict.reason}; ignored nodes outside the job's allocation: {outside}"
+    if inside or verdict.blame != "node":
+        return replace(verdict, nodes=inside, reason=note)
+    action = "requeue" if verdict.action == "requeue_exclude" else verdict.action
+    return replace(verdict, blame="unknown", nodes=(), gpus=(), links=(), action=action,
+                   reason=note)
+
+
 def decide(verdict: Verdict, *, trigger: str = "ended", state: str = "FAILED",
            history: History = History(), limits: Limits = Limits(),
-           facts: NodeFacts = NodeFacts()) -> Decision:
+           facts: NodeFacts = NodeFacts(),
+           witnessed: Sequence[str] | None = None) -> Decision:
     """The decision for one attempt.
 
     ``trigger`` is ``ended`` (the attempt is over, in Slurm ``state``), ``hang``
-    or ``straggler`` (the attempt is still running).
+    or ``straggler`` (the attempt is still running). ``witnessed``: the blamed
+    nodes that node-level evidence (their hook reports, node sources, Slurm)
+    speaks against; only those are drained for a hardware fault, since a
+    job's own output cannot prove one (None: every blamed node).
     """
     category = verdict.category
     if trigger == "ended" and state in _NOTHING_STATES:
@@ -158,16 +179,20 @@ def decide(verdict: Verdict, *, trigger: str = "ended", state: str = "FAILED",
         rule = "node"
         if category == "gpu_hardware":
             rule = "hardware"
-            drain = blamed if limits.drain_hardware else ()
+            drain = tuple(n for n in blamed if witnessed is None or n in witnessed) \
+                if limits.drain_hardware else ()
         elif category == "interconnect":
             rule = "interconnect"
             if limits.interconnect_strikes:
                 drain = tuple(n for n in blamed if facts.interconnect_strikes.get(n, 0)
                               >= limits.interconnect_strikes)
         action = "requeue_exclude"
-        return _requeue(action, rule, f"{category or 'failure'} on {', '.join(blamed)}: "
-                        f"{verdict.reason}".rstrip(": "), category, blamed, history, facts,
-                        drain)
+        reason = f"{category or 'failure'} on {', '.join(blamed)}: {verdict.reason}".rstrip(": ")
+        unproven = [n for n in blamed if witnessed is not None and n not in witnessed]
+        if rule == "hardware" and limits.drain_hardware and unproven:
+            reason += (f"; {', '.join(unproven)} not drained: only the job's own output "
+                       "speaks against it")
+        return _requeue(action, rule, reason, category, blamed, history, facts, drain)
     if category == "nccl_timeout_hang" or trigger == "hang" or verdict.action == "kill_requeue":
         action = "kill_requeue" if trigger != "ended" else "requeue"
         return _requeue(action, "hang", f"hang or collective timeout naming no node: "
@@ -202,6 +227,21 @@ def _unique(values: Iterable[str]) -> list[str]:
         if value and value not in out:
             out.append(value)
     return out
+
+
+def our_drain(row: dict | None, node) -> bool:
+    """Is ``node`` (as Slurm shows it now) still drained by the drain we
+    recorded in ``row`` (the store's nodes row)? The reason, the user and the
+    time Slurm stamped on it must all be the ones we saw right after our drain:
+    a human who drains the node again changes the time, however the reason reads."""
+    if not row or not row.get("drained_by_us") or node is None or not node.drained:
+        return False
+    recorded = row.get("drain_slurm_reason") or row.get("drain_reason") or ""
+    if node.reason != recorded:
+        return False
+    if row.get("drain_slurm_time") and node.reason_time != row["drain_slurm_time"]:
+        return False
+    return not row.get("drain_slurm_user") or node.reason_user == row["drain_slurm_user"]
 
 
 # -- node scores and budgets ----------------------------------------------------

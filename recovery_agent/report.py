@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .actuator import ours
+from .policy import our_drain
 from .scheduler.base import Node
 from .store import Store
 
@@ -61,7 +61,8 @@ def build(store: Store, nodes: list[Node], since: float, until: float) -> Report
     report = Report(since, until)
     for node in nodes:
         when = node.reason_time or 0
-        if node.drained and node.reason and not ours(node.reason) and since <= when <= until:
+        if node.drained and node.reason and not our_drain(store.node(node.name), node) \
+                and since <= when <= until:
             report.human_nodes[node.name] = f"{node.reason} ({node.reason_user or '?'})"
     for rec in store.recommendations("would_have"):
         if not since <= rec["created"] <= until:

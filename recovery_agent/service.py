@@ -3,8 +3,14 @@
 One place for the queries (jobs, timelines, nodes, recommendations, the audit
 trail) and the operator and Advisor actions (mode, exclude/include, ack,
 complete, cancel), with their rules: roles, ownership, stale claims. The HTTP
-layer (:mod:`recovery_agent.api_v1`) and ``recovery-ctl --db`` both call it,
-so the two can never disagree.
+layer (:mod:`recovery_agent.api_v1`), the Console and ``recovery-ctl --db`` all
+call it, so they can never disagree.
+
+The rules: an admin (``api.admin_uids``/``admin_groups``; a site controller runs
+as one) reads and does everything. A user reads their own jobs, their tasks of
+an array, the recommendations about their jobs, and the nodes (as sinfo shows
+them, without other users' jobs in the strikes); the only change a user makes
+is to cancel a job recommendation of their own job before it acts.
 """
 from __future__ import annotations
 
@@ -89,6 +95,20 @@ def role_of(cfg: Config, uid: int) -> Caller:
     return Caller(uid, name, admin)
 
 
+def sees_all(who: Caller | None) -> bool:
+    """Does this reader see every user's jobs? A trusted reader (None: the read
+    token, or a read the agent trusts as it is) and admins do; a user sees their
+    own."""
+    return who is None or who.admin
+
+
+def may_read(who: Caller | None, user: str | None, what: str) -> None:
+    """Raise Forbidden unless ``who`` may read something of ``user``'s."""
+    if not sees_all(who) and (user or "") != who.name:
+        raise Forbidden(f"{what} belongs to {user or 'another user'}; {who.name} may read "
+                        "only their own jobs")
+
+
 def decoded(row: dict) -> dict:
     out = dict(row)
     for key in _JSON_KEYS:
@@ -113,7 +133,11 @@ class Service:
         return row
 
     def jobs(self, state: str | None = None, user: str | None = None,
-             env: str | None = None, limit: int = 500) -> list[dict]:
+             env: str | None = None, limit: int = 500, who: Caller | None = None
+             ) -> list[dict]:
+        """Tracked jobs, newest first; a user (``who``) gets only their own."""
+        if not sees_all(who):
+            user = who.name
         where, args = ["cluster = ?"], [self.cfg.agent.cluster]
         for key, value in (("state", state), ("user", user), ("env", env)):
             if value:
@@ -139,18 +163,26 @@ class Service:
             row["effective_mode"] = self.effective_mode(row)
         return [decoded(r) for r in rows]
 
-    def array(self, array_id: str) -> list[dict]:
-        """The tasks of a job array (each tracked on its own), or [] when not an array."""
+    def array(self, array_id: str, who: Caller | None = None) -> list[dict]:
+        """The tasks of a job array (each tracked on its own), or [] when not an
+        array. A user (``who``) gets only their own tasks, and Forbidden for an
+        array of someone else's."""
         if not array_id.isdigit():
             return []
         rows = list(self.store.db["jobs"].rows_where(
             "cluster = ? and array_job_id = ?", [self.cfg.agent.cluster, int(array_id)],
             order_by="array_task_id"))
+        if rows and not sees_all(who):
+            mine = [r for r in rows if (r["user"] or "") == who.name]
+            if not mine:
+                may_read(who, rows[0]["user"], f"array {array_id}")
+            rows = mine
         tasks = []
         for task in rows:
             recs = [r for r in self.store.recommendations(job_pk=task["id"])
                     if r["scope"] == "job"]
-            tasks.append({"job_id": task["job_id"], "state": task["state"],
+            tasks.append({"job_id": task["job_id"], "user": task["user"],
+                          "state": task["state"],
                           "restarts": task["restart_count"],
                           "recommendations": [f"#{r['id']} {r['action']} {r['status']}"
                                               for r in recs]})
@@ -163,16 +195,18 @@ class Service:
         return effective_mode(environment_mode(self.cfg, self.store, row["env"]),
                               row["mode"] or None)
 
-    def job(self, job_id: str) -> dict:
+    def job(self, job_id: str, who: Caller | None = None) -> dict:
         row = self.job_row(job_id)
+        may_read(who, row["user"], f"job {job_id}")
         row["effective_mode"] = self.effective_mode(row)
         return {"job": decoded(row), "attempts": self.store.attempts(row["id"]),
                 "detections": self.store.detections(row["id"]),
                 "recommendations": self.store.recommendations(job_pk=row["id"])}
 
-    def timeline(self, job_id: str) -> list[dict]:
+    def timeline(self, job_id: str, who: Caller | None = None) -> list[dict]:
         """The job's events with each recommendation step merged in, in time order."""
         row = self.job_row(job_id)
+        may_read(who, row["user"], f"job {job_id}")
         events = list(self.store.timeline(row["id"]))
         for rec in self.store.recommendations(job_pk=row["id"]):
             for step in self.store.steps(rec["id"]):
@@ -207,13 +241,19 @@ class Service:
             row["suspect_score"] = scores.get(row["name"], 0.0)
         return sorted(rows, key=lambda r: r["name"])
 
-    def node(self, name: str) -> dict:
+    def node(self, name: str, who: Caller | None = None) -> dict:
+        """A node with its strikes. Nodes are the cluster's, as in sinfo, so every
+        reader sees them; a user sees which job and user each strike came from
+        only for their own jobs."""
         row = self.store.node(name)
         strikes = self.store.strikes(name)
         if row is None and not strikes:
             raise NotFound(f"node {name} is not known")
         row = decoded(row or {"name": name})
         row["suspect_score"] = self.scores().get(name, 0.0)
+        if not sees_all(who):
+            strikes = [s if (s["user"] or "") == who.name else {**s, "job": None, "user": None}
+                       for s in strikes]
         row["strikes"] = strikes
         return row
 
@@ -225,21 +265,24 @@ class Service:
 
     def recommendations(self, status: str | None = None, env: str | None = None,
                         mode: str | None = None, job: str | None = None,
-                        limit: int = 500) -> list[dict]:
-        """Newest first."""
+                        limit: int = 500, who: Caller | None = None) -> list[dict]:
+        """Newest first; a user (``who``) gets those of their own jobs (with the
+        drains those jobs' failures led to)."""
         self.expire_claims()
         if status and status not in STATUSES:
             raise BadRequest(f"status must be one of {', '.join(STATUSES)}")
         job_pk = self.job_row(job)["id"] if job else None
         rows = self.store.recommendations(status, job_pk=job_pk)
         rows = [r for r in rows if (not env or r["env"] == env)
-                and (not mode or r["mode"] == mode)]
+                and (not mode or r["mode"] == mode)
+                and (sees_all(who) or (r.get("user") or "") == who.name)]
         return rows[::-1][:limit]
 
-    def recommendation(self, rec_id: int) -> dict:
+    def recommendation(self, rec_id: int, who: Caller | None = None) -> dict:
         if not self.store.db["recommendations"].count_where("id = ?", [rec_id]):
             raise NotFound(f"no recommendation {rec_id}")
         rec = self.store.rec(rec_id)
+        may_read(who, rec.get("user"), f"recommendation {rec_id}")
         rec["steps"] = self.store.steps(rec_id)
         return rec
 
@@ -270,11 +313,26 @@ class Service:
         if not who.admin:
             raise Forbidden(f"only admins {what} ({who} is not one)")
 
-    def _may_act(self, who: Caller, rec: dict) -> None:
-        if not who.admin and (rec.get("user") or "") != who.name:
+    def _may_act(self, who: Caller, rec: dict, verb: str) -> None:
+        """Who may ack, complete or cancel a recommendation: admins (site
+        controllers run as one) any. A user only cancels a job recommendation
+        of their own job: a node's drain or resume is admin business even when
+        their job's failure led to it, and ack/complete claim to act on Slurm,
+        which a user's claim never does."""
+        if who.admin:
+            return
+        if (rec.get("user") or "") != who.name:
             raise Forbidden(f"recommendation {rec['id']} is for a job of "
                             f"{rec.get('user') or 'another user'}; {who.name} may act only "
                             "on their own jobs")
+        if (rec.get("scope") or "job") != "job":
+            raise Forbidden(f"recommendation {rec['id']} is a {rec['action']} of "
+                            f"{', '.join(rec.get('target_nodes') or []) or 'a node'}: "
+                            f"node-level recommendations are for admins ({who} is not one)")
+        if verb != "cancel":
+            raise Forbidden(f"only admins {verb} recommendations (a site controller claims "
+                            f"one, acts on Slurm, then completes it; {who} is not an admin); "
+                            "as the job's owner you may cancel it")
 
     def set_mode(self, who: Caller, env: str, mode: str) -> dict:
         self._admin(who, "change modes")
@@ -332,7 +390,7 @@ class Service:
     def ack(self, who: Caller, rec_id: int) -> dict:
         self.expire_claims()
         rec = self.recommendation(rec_id)
-        self._may_act(who, rec)
+        self._may_act(who, rec, "ack")
         if rec["mode"] != "external":
             raise Conflict(f"recommendation {rec_id} is in {rec['mode']} mode; only external "
                            "ones are claimed")
@@ -356,14 +414,12 @@ class Service:
 
     def complete(self, who: Caller, rec_id: int, outcome: str, detail: str = "") -> dict:
         rec = self.recommendation(rec_id)
-        self._may_act(who, rec)
+        self._may_act(who, rec, "complete")
         if outcome not in ("done", "failed"):
             raise BadRequest("outcome must be done or failed")
         if rec["status"] != "executing" or rec["mode"] != "external":
             raise Conflict(f"recommendation {rec_id} is {rec['status']}, not claimed for "
                            "external execution")
-        if rec["claimed_by"] != f"uid:{who.uid}" and not who.admin:
-            raise Forbidden(f"recommendation {rec_id} is claimed by {rec['claimed_by']}")
         detail = detail[:2000]
         with self.store.lock, self.store.db.atomic():
             self.store.update_rec(rec_id, status=outcome, done_at=self.clock(),
@@ -376,7 +432,7 @@ class Service:
 
     def cancel(self, who: Caller, rec_id: int, reason: str = "") -> dict:
         rec = self.recommendation(rec_id)
-        self._may_act(who, rec)
+        self._may_act(who, rec, "cancel")
         started = any(s["step"] not in ("claimed", "claim_expired") for s in rec["steps"])
         if rec["status"] not in OPEN_STATUSES or started:
             raise Conflict(f"recommendation {rec_id} is {rec['status']}"

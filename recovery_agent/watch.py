@@ -16,6 +16,7 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Iterable, Iterator
 
 from slurm_hooks import kmsg
 from slurm_hooks import spec as specs
@@ -27,9 +28,12 @@ from .detect.model import Detection, Evidence, Verdict
 from .detect.progress import HangDetector, StragglerDetector
 from .detect.scanner import Scanner
 from .errors import RecoveryError, StoreError
-from .logs.tail import Tailer, lines_from_report
+from .logs.tail import LogLine, Tailer, lines_from_report
+from .logs.userfs import Rights
+from .policy import STRIKE_WEIGHTS, confined
 from .scheduler.base import FINISHED_STATES, Job, Scheduler
-from .store import Store
+from .store import Store, same_job
+from .store import reports as report_rows
 from .watch_sources import SourceFeed
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,11 @@ STORE_ERRORS = (StoreError, sqlite3.Error)
 GONE_AFTER = 600.0  # a stored job slurmctld no longer lists is let go after this
 EPILOG_GRACE = 15.0  # how long a verdict waits for the nodes' epilog reports
 XID_SLACK = 120.0    # node clocks may lag the controller's by this much
+# ended so that more node evidence cannot change what is done (NODE_FAIL: Slurm
+# blames the nodes; the others: policy acts on none of them)
+NO_WAIT_STATES = frozenset({"NODE_FAIL", "COMPLETED", "CANCELLED", "PREEMPTED"})
+# a job the agent let go (GONE) is as over as one Slurm finished: not re-read each cycle
+ENDED_STATES = FINISHED_STATES | {"GONE"}
 
 
 @dataclass
@@ -68,6 +77,7 @@ class AttemptWatch:
     nodes: tuple[str, ...] = ()
     found: list = field(default_factory=list)   # this attempt's detections, for the verdict
     found_at: list = field(default_factory=list)  # when each was seen (agent clock)
+    rights: Rights | None = None   # the job user's: its output and ckpt= are read with them
 
     @property
     def key(self) -> str:
@@ -156,9 +166,8 @@ class Watcher:
                                      "scheduler poll", attempt=job.restart_count,
                                      source="poller")
                 if problem:   # on the timeline too, as the hooks do for --recovery
-                    self.store.add_event(pk, "spec_invalid", f"invalid recovery spec "
-                                         f"{raw[:80]!r}: {problem}; monitoring only",
-                                         attempt=job.restart_count, source="poller")
+                    self.store.note_invalid_spec(pk, raw, problem, job.restart_count,
+                                                 "poller")
             self._known.add(key)   # only once it is stored: a failed write is retried
 
     def _sync(self, listing: dict[str, Job], now: float) -> None:
@@ -166,13 +175,18 @@ class Watcher:
         cluster = self.cfg.agent.cluster
         # last_seen in the store may lag the memory by a flush interval
         since = now - GONE_AFTER - 2 * SEEN_FLUSH_EVERY
-        for row in self.store.watch_rows(cluster, FINISHED_STATES, since):
+        for row in self.store.watch_rows(cluster, ENDED_STATES, since):
             last_seen = max(row["last_seen"] or 0, self._listed_at.get(row["id"], 0))
-            if row["state"] in FINISHED_STATES and (
+            if row["state"] in ENDED_STATES and (
                     now - last_seen > GONE_AFTER
                     or not self._needs_verdict(row["id"], row["restart_count"])):
                 continue
             job = listing.get(row["job_id"])
+            if job is not None and not same_job(row, job):
+                # the id names another job now (slurmctld lost its state and
+                # counts again): this job is gone, and nothing of it passes on
+                self._reused(row, job)
+                continue
             if job is None:
                 if now - (last_seen or now) > GONE_AFTER:
                     self._end(row["id"], "GONE")
@@ -186,6 +200,8 @@ class Watcher:
                 continue
             try:
                 with self.store.lock:
+                    # env, mode and spec stay as the job's own directive registered
+                    # them (its identity is checked above): never another job's
                     self.store.record_job(job, cluster, env=row["env"], mode=row["mode"],
                                           spec=row["spec"])
                     self.store.record_attempt(row["id"], job)
@@ -206,6 +222,26 @@ class Watcher:
                 self._stored[row["id"]] = stored   # written: unchanged listings skip it
             self._follow(row, job, now)
         self._flush_last_seen(now)
+
+    def _reused(self, row, job: Job) -> None:
+        """A stored job whose id Slurm now gives to another job: its watch ends
+        and its row is marked gone, once, with a line on its timeline."""
+        self._stored.pop(row["id"], None)
+        self._listed_at.pop(row["id"], None)
+        if row["state"] == "GONE":
+            return
+        log.warning("job=%s: slurmctld now lists another job under this id (submitted "
+                    "%s, not %s); the stored job is gone", row["job_id"], job.submit_time,
+                    row["submit_time"])
+        try:
+            with self.store.lock, self.store.db.atomic():
+                self.store.add_event(row["id"], "id_reused",
+                                     f"job id {row['job_id']} now belongs to another job "
+                                     f"(submitted {job.submit_time}); this job is gone",
+                                     source="poller")
+            self._end(row["id"], "GONE")
+        except STORE_ERRORS as exc:
+            self._defer(exc)
 
     def _flush_last_seen(self, now: float, every: float = SEEN_FLUSH_EVERY) -> None:
         """Jobs listed but unchanged are not rewritten each cycle; their
@@ -236,10 +272,12 @@ class Watcher:
 
     def _start(self, row: dict, job: Job, now: float) -> None:
         watch = self._new_watch(row, job, now)
-        watch.paths = {p for p in (job.stdout, job.stderr) if p}
+        # /dev/null holds nothing to follow; any other path is read with the
+        # user's rights (a refusal goes on the timeline, see _tail_notices)
+        watch.paths = {p for p in (job.stdout, job.stderr) if p and p != "/dev/null"}
         for path in watch.paths:
-            self.tailer.add(path, watch.key)
-            watch.streams[path] = self.scanner.stream(path)
+            self.tailer.add(path, watch.key, rights=watch.rights)
+            watch.streams[path] = self.scanner.stream(path, origin="job")
             self._path_users[path] = self._path_users.get(path, 0) + 1
         self.watches[row["id"]] = watch
         if job.restart_count:
@@ -259,7 +297,7 @@ class Watcher:
         return AttemptWatch(row["id"], job.job_id, job.restart_count, spec, started, set(),
                             HangDetector.for_attempt(spec, env, started),
                             StragglerDetector.for_environment(env, nodes=job.nodes),
-                            nodes=job.nodes)
+                            nodes=job.nodes, rights=Rights.of_job(job))
 
     def _needs_verdict(self, job_pk: int, attempt: int) -> bool:
         if (job_pk, attempt) in self._judged:
@@ -274,10 +312,11 @@ class Watcher:
 
     def _finish(self, watch: AttemptWatch, now: float, job: Job | None = None) -> None:
         found = []
-        for path in watch.paths:
-            for line in self.tailer.flush_partial(path):
-                found += self._line(watch, line.path, line.lineno, line.text, now)
+        for path in watch.paths:   # read in bounded pieces, a flood skipped to its end
+            for _, _, run in _runs(self.tailer.flush_iter(path), {}, to=watch):
+                found += self._feed(watch, path, run, now)
             found += watch.streams[path].flush()
+        self._tail_notices({watch.key: watch})
         self._store(watch, found, now)
         self._checkpoint(watch, now)   # a checkpoint line in the attempt's last moments
         self.closing.append((watch, job, now + EPILOG_GRACE))
@@ -289,13 +328,12 @@ class Watcher:
                 self.tailer.remove(path)
 
     def _close_attempts(self, now: float) -> None:
-        """Give each ended attempt its verdict once every node's epilog report
-        (with the XIDs of the job's last moments) is in, or the grace is over."""
+        """Give each ended attempt its verdict once its node evidence is in (see
+        :meth:`_evidence_in`); then count the fatal XIDs of reports that came
+        after their attempt's verdict."""
         waiting, failed = [], None
         for watch, job, deadline in self.closing:
-            reports = self.store.db["node_reports"].count_where(
-                "job = ? and attempt = ? and hook = 'epilog'", [watch.job_pk, watch.attempt])
-            if (reports >= len(watch.nodes) or now >= deadline) \
+            if self._evidence_in(watch, job, deadline, now) \
                     and self._last_look(watch, job, deadline, now):
                 try:
                     self._verdict(watch, job, now)
@@ -320,8 +358,126 @@ class Watcher:
                       ", ".join(w.job_id for w, _, _ in dropped[:10]))
         self.closing = waiting
         self.store.health["pending_verdicts"] = len(waiting)
+        try:
+            self._count_late_evidence(now)
+        except STORE_ERRORS as exc:   # counted next cycle
+            self._defer(exc)
         if failed is not None:
             raise failed
+
+    def _evidence_in(self, watch: AttemptWatch, job: Job | None, deadline: float,
+                     now: float) -> bool:
+        """Whether an ended attempt may be judged now: every node's epilog
+        report is in; or the grace is over and no node worth waiting for
+        (:meth:`_awaited`) is missing; or ``agent.node_report_wait`` has passed
+        since the attempt ended. The timeline says what is waited for, and when
+        the verdict goes ahead without it."""
+        epilogs = report_rows.nodes_reporting(self.store, watch.job_pk, watch.attempt,
+                                              "epilog")
+        if set(watch.nodes) <= epilogs or len(epilogs) >= len(watch.nodes):
+            return True
+        if now < deadline:
+            return False   # the grace: epilog reports normally come within it
+        missing = self._awaited(watch, job, epilogs, now)
+        if not missing:
+            return True
+        wait = self.cfg.agent.node_report_wait
+        names = ", ".join(missing)
+        if now >= deadline - EPILOG_GRACE + wait:
+            self._note_once(watch, "node_report_missing",
+                            f"deciding without the epilog report of {names}: none came "
+                            f"within {wait:.0f}s of the job's end (agent.node_report_wait)",
+                            missing)
+            return True
+        self._note_once(watch, "node_report_wait",
+                        f"waiting up to {wait:.0f}s after the job's end for the epilog "
+                        f"report of {names}: its prolog reported, so a report it had to "
+                        "spool comes when the node replays its spool", missing)
+        return False
+
+    def _awaited(self, watch: AttemptWatch, job: Job | None, epilogs: set[str],
+                 now: float) -> tuple[str, ...]:
+        """The attempt's nodes whose epilog report is worth waiting for: those
+        that sent this attempt's prolog report (their hooks work) and not yet
+        their epilog's. None when waiting cannot change what is done: the job
+        is gone, requeued already, ended NODE_FAIL (Slurm blames its nodes) or
+        in a state policy never acts on; or the node reports in already blame a
+        node by a fatal XID."""
+        if self.cfg.agent.node_report_wait <= EPILOG_GRACE or job is None \
+                or job.restart_count != watch.attempt or job.state in NO_WAIT_STATES:
+            return ()
+        prologs = report_rows.nodes_reporting(self.store, watch.job_pk, watch.attempt,
+                                              "prolog")
+        missing = tuple(n for n in watch.nodes if n in prologs and n not in epilogs)
+        if missing and self._node_blamed(watch, now):
+            return ()
+        return missing
+
+    def _node_blamed(self, watch: AttemptWatch, now: float) -> bool:
+        """Whether the hooks' reports already blame a node of the attempt by a
+        root cause (a fatal XID that excludes the node)."""
+        context = AttributionContext(nodes=tuple(watch.nodes),
+                                     node_events=tuple(self._node_events(watch, now)))
+        return any(d.host and d.role == "root" and d.action_hint == "requeue_exclude"
+                   for d in all_detections([], context))
+
+    def _note_once(self, watch: AttemptWatch, kind: str, message: str,
+                   nodes: tuple[str, ...]) -> None:
+        """One timeline line (and log line) per attempt and kind."""
+        try:
+            with self.store.lock, self.store.db.atomic():
+                if report_rows.has_event(self.store, watch.job_pk, watch.attempt, kind):
+                    return
+                self.store.add_event(watch.job_pk, kind, message, attempt=watch.attempt,
+                                     source="watch", data={"nodes": list(nodes)})
+        except STORE_ERRORS as exc:   # the wait goes on; the line is tried again
+            self._defer(exc)
+            return
+        log.info("job=%s attempt=%s %s", watch.job_id, watch.attempt, message)
+
+    def _count_late_evidence(self, now: float) -> None:
+        """Reports stored after their attempt's verdict: fatal XIDs they carry
+        from inside the attempt count against their node, once (a strike in its
+        lemon score, with a decider: drains and exclusions follow from strikes
+        by policy), and go on the timeline. The verdict itself stands."""
+        for row in report_rows.uncounted_after_verdict(self.store):
+            fatal = self._late_fatal(row)
+            with self.store.lock, self.store.db.atomic():
+                if fatal:
+                    self._late_strike(row, fatal)
+                report_rows.mark_counted(self.store, row["id"], now)
+
+    def _late_fatal(self, row: dict) -> list[int]:
+        """The fatal XIDs of a stored report logged during its attempt."""
+        started = report_rows.attempt_start(self.store, row["job"], row["attempt"])
+        found = []
+        for x in report_rows.report_xids(self.store, row["id"]):
+            if not kmsg.is_fatal({k: x[k] for k in ("xid", "kind", "message")}):
+                continue
+            if started and x["time"] and x["time"] < started - XID_SLACK:
+                continue   # older than the attempt: not this job's fault
+            if x["xid"] not in found:
+                found.append(x["xid"])
+        return found
+
+    def _late_strike(self, row: dict, fatal: list[int]) -> None:
+        node, job_pk, attempt = row["node"], row["job"], row["attempt"]
+        job = self.store.job(job_pk) or {}
+        xids = ", ".join(map(str, fatal))
+        if node in report_rows.verdict_nodes(self.store, job_pk, attempt):
+            counted = f"the verdict blamed {node} already"
+        elif self.decider is not None:
+            self.store.add_strike(node, "gpu_hardware", STRIKE_WEIGHTS["gpu_hardware"],
+                                  job_pk, job.get("user") or "")
+            counted = f"counted against {node} (a gpu_hardware strike)"
+        else:
+            counted = "recorded"
+        message = (f"fatal XID {xids} in {node}'s {row['hook']} report, which came after "
+                   f"this attempt's verdict: {counted}; the verdict stands")
+        self.store.add_event(job_pk, "late_evidence", message, attempt=attempt,
+                             source="watch", data={"node": node, "xids": fatal,
+                                                   "report": row["report_id"]})
+        log.warning("job=%s attempt=%s %s", job.get("job_id"), attempt, message)
 
     def _last_look(self, watch: AttemptWatch, job: Job | None, deadline: float,
                    now: float) -> bool:
@@ -363,6 +519,7 @@ class Watcher:
                                               job.state if job else None,
                                               all_detections(watch.found, context), verdict)
             verdict = consulted.verdict
+        verdict = confined(verdict, watch.nodes)   # as the decision will see it
         data = {"blame": verdict.blame, "category": verdict.category,
                 "action": verdict.action, "nodes": list(verdict.nodes),
                 "gpus": list(verdict.gpus), "confidence": verdict.confidence,
@@ -420,7 +577,8 @@ class Watcher:
                 continue   # logged before this attempt began (an old fault, preflight's job)
             events.append(Detection(
                 rule=f"node.{row['kind']}", category="gpu_hardware", severity="critical",
-                host=row["node"], pci=row["pci"], xid=row["xid"],
+                host=row["node"], pci=row["pci"], xid=row["xid"], origin="system",
+                emitter="system",
                 gpu=str(row["gpu_index"]) if row["gpu_index"] is not None else None,
                 evidence=(Evidence(row["raw"], f"hook:{row['node']}", None, row["time"]),)))
         return events
@@ -438,40 +596,81 @@ class Watcher:
         with self._report_lock:
             self._report_lines.append((job_pk, attempt, report))
 
-    def _lines(self) -> list:
-        """New lines from the followed files, then those that came in reports."""
-        lines = self.tailer.poll()
+    def _lines(self) -> Iterator[LogLine]:
+        """New lines from the followed files, yielded as they are read (a flood
+        is never held whole, and the work on it counts against the tailer's time
+        budget), then those that came in reports."""
+        yield from self.tailer.poll_iter()
         with self._report_lock:
             queued, self._report_lines = self._report_lines, []
         for job_pk, attempt, report in queued:
             watch = self.watches.get(job_pk)
             if watch is not None and watch.attempt == attempt:
-                lines += lines_from_report(report, key=watch.key)
-        return lines
+                yield from lines_from_report(report, key=watch.key)
 
     def _scan(self, now: float) -> list[Detection]:
         by_key = {w.key: w for w in self.watches.values()}
         pending: dict[str, list[Detection]] = {}
-        for line in self._lines():
-            watch = by_key.get(line.key)
-            if watch is None:
-                continue
-            pending.setdefault(watch.key, []).extend(
-                self._line(watch, line.path, line.lineno, line.text, now))
+        for watch, path, run in _runs(self._lines(), by_key):
+            pending.setdefault(watch.key, []).extend(self._feed(watch, path, run, now))
+        self._tail_notices(by_key, others="drop")
         stored = []
         for key, found in pending.items():
             self._store(by_key[key], found, now)
             stored += found
         return stored
 
-    def _line(self, watch: AttemptWatch, path: str, lineno: int, text: str,
+    def _feed(self, watch: AttemptWatch, path: str, run: list[LogLine],
               now: float) -> list[Detection]:
-        watch.hang.feed(now, text, path, lineno)
-        watch.straggler.feed(now, text)
-        watch.ckpt.feed(now, text)
+        """A run of consecutive lines of one file: line by line to the hang
+        (when on), straggler and checkpoint detectors, as one block to the
+        scanner (same detections as line by line, at a fraction of the cost)."""
+        straggler, ckpt = watch.straggler, watch.ckpt
+        hang = watch.hang if watch.hang.enabled else None   # off: nothing to feed it
+        for line in run:
+            if hang is not None:
+                hang.feed(now, line.text, path, line.lineno)
+            straggler.feed(now, line.text)
+            ckpt.feed(now, line.text)
         stream = watch.streams.get(path) or watch.streams.setdefault(
-            path, self.scanner.stream(path))
-        return stream.feed(text, lineno)
+            path, self.scanner.stream(path, origin="job"))
+        stream.lineno = run[0].lineno - 1
+        return stream.scan_block("\n".join([line.text for line in run])
+                                 .encode("utf-8", "surrogatepass"))
+
+    def _tail_notices(self, by_key: dict[str, AttemptWatch], others: str = "keep") -> None:
+        """What the tailer has to say about these watches' output (a path it
+        will not read, a flood it skipped) onto their timelines, once each.
+        Notices of other watches are kept for their turn, or dropped (``others
+        = "drop"``: their watch is over). The bytes skipped go to /metrics."""
+        self.store.health["log_bytes_skipped"] = self.tailer.skipped_bytes
+        notices = self.tailer.notices
+        waiting = []
+        for i, notice in enumerate(notices):
+            watch = by_key.get(notice.key)
+            if watch is None:
+                if others == "keep":
+                    waiting.append(notice)
+                continue
+            refused = notice.kind == "not_followed"
+            data = {"path": notice.path}
+            if notice.skipped:
+                data["skipped_bytes"] = notice.skipped
+            try:
+                with self.store.lock:
+                    self.store.add_event(
+                        watch.job_pk, "output_not_followed" if refused else "output_skipped",
+                        (f"output not followed: {notice.message}" if refused
+                         else notice.message)[:1000],
+                        attempt=watch.attempt, source="tailer", data=data)
+            except STORE_ERRORS as exc:
+                self._defer(exc)
+                waiting += notices[i:]    # written next cycle
+                break
+            if refused:
+                log.warning("job=%s attempt=%s output not followed: %s", watch.job_id,
+                            watch.attempt, notice.message)
+        notices[:] = waiting
 
     def _defer(self, exc: Exception) -> None:
         """Remember the first store failure of this cycle; the cycle goes on
@@ -572,7 +771,9 @@ class Watcher:
     def _checkpoint(self, watch: AttemptWatch, now: float) -> None:
         if watch.spec.ckpt and now - watch.last_ckpt_scan >= CKPT_SCAN_INTERVAL:
             watch.last_ckpt_scan = now
-            watch.ckpt.observe(newest_checkpoint(watch.spec.ckpt), watch.started)
+            # with the user's rights: only their own files, where they may look
+            watch.ckpt.observe(newest_checkpoint(watch.spec.ckpt, rights=watch.rights),
+                               watch.started)
         newest = watch.ckpt.newest
         if newest is not None and newest != watch.saved_ckpt:
             try:
@@ -643,6 +844,31 @@ class Watcher:
             self.run_once()
             stop.wait(max(0.0, interval - (time.monotonic() - started)))
         self.tailer.close()
+
+
+RUN_LINES = 2000   # lines handed to the scanner at once, at most
+
+
+def _runs(lines: Iterable[LogLine], by_key: dict[str, AttemptWatch],
+          to: AttemptWatch | None = None
+          ) -> Iterator[tuple[AttemptWatch, str, list[LogLine]]]:
+    """``lines`` cut into runs of consecutive lines of one file of one watch:
+    the watch of their key in ``by_key`` (lines of other keys are dropped), or
+    ``to`` for every line."""
+    run: list[LogLine] = []
+    watch = None
+    for line in lines:
+        if run and (line.key != run[-1].key or line.path != run[-1].path
+                    or line.lineno != run[-1].lineno + 1 or len(run) >= RUN_LINES):
+            yield watch, run[0].path, run
+            run = []
+        if not run:
+            watch = to or by_key.get(line.key)
+            if watch is None:
+                continue
+        run.append(line)
+    if run:
+        yield watch, run[0].path, run
 
 
 def _parse(text: str) -> specs.RecoverySpec:

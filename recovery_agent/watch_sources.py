@@ -123,7 +123,8 @@ class SourceFeed:
             return {}
 
     def _detections(self, watch: "AttemptWatch", found: JobFindings) -> list[Detection]:
-        out = list(found.detections)
+        # metrics are the nodes' own (DCGM, NVML exporters): node-level evidence
+        out = [replace(d, origin="system") for d in found.detections]
         if not found.lines:
             return out
         state = self._attempts.setdefault(watch.key, _Attempt())
@@ -132,7 +133,8 @@ class SourceFeed:
                 key = (line.source, line.stream)
                 entry = state.streams.get(key)
                 stream = entry[0] if entry else self.scanner.stream(
-                    f"{line.source} {line.stream}".strip())
+                    f"{line.source} {line.stream}".strip(),
+                    origin="job" if line.feed == "job" else "system")
                 state.streams[key] = (stream, line)
                 out += [_placed(d, line) for d in stream.feed(line.text)]
         except Exception:  # noqa: BLE001 - the rest of the cycle must go on

@@ -2,10 +2,23 @@
 
 ``send`` POSTs one body with a short timeout and a munge credential bound to the
 body. What the agent does not take goes to a node-local spool as one file per
-report, written atomically; every later hook run replays the spool oldest first
-before sending its own report. A spool file that cannot be parsed is moved to
-``corrupt/``; one the agent rejects as malformed is moved to ``rejected/``.
-Nothing is deleted unless the agent has stored it.
+report, written atomically; every later hook run replays the spool (epilog
+reports first, each kind oldest first) before sending its own report. A spool
+file that cannot be parsed is moved to ``corrupt/``; one the agent rejects as
+malformed is moved to ``rejected/``. Nothing is deleted unless the agent has
+stored it.
+
+Whatever lies in the spool is sent with this host's munge credential, so the
+spool is used only while this uid owns it and nobody else may write to it, and
+only files this uid owns are replayed (others go to ``untrusted/``): a user who
+could plant a file there could otherwise forge node evidence against any node.
+
+A replayed report is flagged as late: at replay time its body gains a
+``delivery`` object (when it was spooled, how many POSTs it has had, which run
+replays it), so the agent can tell evidence that waited on a node from evidence
+that was never there. The munge credential is made when the body is sent, so
+it covers that object too. A spool file's name carries the time it was spooled
+and the POSTs tried so far: ``<ns>-<hook>-<report id>.t<tries>.json``.
 """
 from __future__ import annotations
 
@@ -14,7 +27,9 @@ import fcntl
 import json
 import logging
 import os
+import re
 import socket
+import stat
 import time
 import urllib.parse
 from pathlib import Path
@@ -25,6 +40,42 @@ log = logging.getLogger("slurm_hooks")
 SENT, DUPLICATE, REJECTED, FAILED = "sent", "duplicate", "rejected", "failed"
 REPLAY_MAX_FILES = 50
 REPLAY_MAX_SECONDS = 2.0
+# <spooled at, ns>-<hook>-<report id>[.t<POSTs tried>].json (no .t: an older hook's file)
+_SPOOL_NAME = re.compile(r"^(\d{1,20})-[a-z]+-[^.]+(?:\.t(\d{1,6}))?\.json$")
+
+
+def spool_facts(name: str) -> tuple[float | None, int | None]:
+    """(when it was spooled, POSTs tried so far) from a spool file's name;
+    None for what the name does not say."""
+    match = _SPOOL_NAME.match(name)
+    if not match:
+        return None, None
+    tries = int(match.group(2)) if match.group(2) is not None else None
+    return int(match.group(1)) / 1e9, tries
+
+
+def untrusted(spool: Path) -> str:
+    """Why ``spool`` must not be used ('' when it may): it must be a directory
+    of this uid that nobody else may write (or not exist yet)."""
+    try:
+        st = os.lstat(spool)
+    except FileNotFoundError:
+        return ""      # made by Deliverer.spool(), 0755
+    except OSError as exc:
+        return f"not checkable ({exc.strerror})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not {os.geteuid()}"
+    if st.st_mode & 0o022:
+        return f"writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    return ""
+
+
+def open_lock(path: Path) -> int:
+    """A lock file's descriptor: created if need be, never truncated, never
+    through a link."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
 
 
 class Deliverer:
@@ -100,14 +151,19 @@ class Deliverer:
         return int(parts[1]), data.partition(b"\r\n\r\n")[2].decode(errors="replace")
 
     # -- the spool ---------------------------------------------------------
-    def spool(self, hook: str, report_id: str, body: bytes) -> Path | None:
-        """Write the report to the spool atomically; None (and a log line) when
-        even that fails, e.g. on a full disk."""
-        name = f"{time.time_ns():020d}-{hook}-{report_id}.json"
+    def spool(self, hook: str, report_id: str, body: bytes, tries: int = 1) -> Path | None:
+        """Write the report to the spool atomically (``tries``: the POSTs it has
+        had); None (and a log line) when even that fails, e.g. on a full disk."""
+        name = f"{time.time_ns():020d}-{hook}-{report_id}.t{tries}.json"
+        if not self.trusted():
+            log.error("report %s LOST for now: will not spool to %s", report_id,
+                      self.spool_dir)
+            return None
         try:
-            self.spool_dir.mkdir(parents=True, exist_ok=True)
+            self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
             tmp = self.spool_dir / f".{name}.tmp"
-            with open(tmp, "wb") as fh:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as fh:
                 fh.write(body)
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -124,11 +180,24 @@ class Deliverer:
                 pass
             return None
 
+    def trusted(self) -> bool:
+        """Whether the spool directory may be used; logged when not."""
+        why = untrusted(self.spool_dir)
+        if why:
+            log.error("spool %s is %s: it is neither replayed nor written", self.spool_dir,
+                      why)
+        return not why
+
     def pending(self) -> list[Path]:
+        """Spooled reports in replay order: epilog reports first (a verdict may
+        be waiting for their XIDs), then the others, each oldest first. A node
+        whose spool filled with health reports while the agent was away still
+        gets a failed job's evidence through in the first replay."""
         try:
-            return sorted(p for p in self.spool_dir.glob("*.json") if p.is_file())
+            files = sorted(p for p in self.spool_dir.glob("*.json") if p.is_file())
         except OSError:
             return []
+        return sorted(files, key=lambda p: "-epilog-" not in p.name)   # stable
 
     def _set_aside(self, path: Path, folder: str, why: str) -> None:
         target = self.spool_dir / folder
@@ -139,23 +208,28 @@ class Deliverer:
         except OSError as exc:
             log.error("spool file %s is %s and cannot be moved aside: %s", path.name, why, exc)
 
-    def replay(self) -> tuple[int, bool]:
-        """Send spooled reports, oldest first, within a small budget. Returns
+    def replay(self, by: str = "") -> tuple[int, bool]:
+        """Send spooled reports in :meth:`pending` order within a small budget;
+        ``by`` names the run that replays them (a hook, or the replayer). Returns
         (how many left the spool, whether the agent took everything tried)."""
         files = self.pending()
-        if not files:
+        if not files or not self.trusted():
             return 0, True
         try:
-            lock = open(self.spool_dir / ".replay.lock", "w")
+            lock = os.fdopen(open_lock(self.spool_dir / ".replay.lock"), "w")
+        except OSError:
+            return 0, True  # no lock to be had: the next run replays
+        try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
+            lock.close()
             return 0, True  # another hook on this node is replaying
         done, started = 0, time.monotonic()
         try:
             for path in files[:REPLAY_MAX_FILES]:
                 if time.monotonic() - started > REPLAY_MAX_SECONDS:
                     break
-                outcome = self._replay_one(path)
+                outcome = self._replay_one(path, by)
                 if outcome == FAILED:
                     return done, False
                 done += 1
@@ -163,10 +237,31 @@ class Deliverer:
         finally:
             lock.close()
 
-    def _replay_one(self, path: Path) -> str:
+    def _read_own(self, path: Path) -> bytes | None:
+        """The file's bytes when it is a regular file of this uid that nobody
+        else may write; None (and the file set aside) otherwise."""
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         try:
-            body = path.read_bytes()
-            hook = json.loads(body)["hook"]
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() \
+                    and not st.st_mode & 0o022:
+                with os.fdopen(fd, "rb") as fh:
+                    fd = -1
+                    return fh.read()
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        self._set_aside(path, "untrusted", f"not a file of uid {os.geteuid()} that only it "
+                        "may write (never sent)")
+        return None
+
+    def _replay_one(self, path: Path, by: str = "") -> str:
+        try:
+            data = self._read_own(path)
+            if data is None:
+                return REJECTED
+            report = json.loads(data)
+            hook = report["hook"]
             if not isinstance(hook, str):
                 raise ValueError("hook is not a string")
         except FileNotFoundError:
@@ -174,7 +269,10 @@ class Deliverer:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             self._set_aside(path, "corrupt", f"unreadable ({exc})")
             return REJECTED
-        outcome = self.send(hook, body)
+        spooled_at, tries = spool_facts(path.name)
+        tries = (tries if tries is not None else 1) + 1
+        report["delivery"] = {"spooled_at": spooled_at, "tries": tries, "by": by or "hook"}
+        outcome = self.send(hook, json.dumps(report, separators=(",", ":")).encode())
         if outcome in (SENT, DUPLICATE):
             try:
                 path.unlink()
@@ -182,17 +280,40 @@ class Deliverer:
                 pass
         elif outcome == REJECTED:
             self._set_aside(path, "rejected", "the agent refused it as malformed")
+        else:
+            self._count_try(path, tries)
         return outcome
 
+    def _count_try(self, path: Path, tries: int) -> None:
+        """Note in the file's name that one more POST failed (a rename: no
+        room needed); left as it is when even that fails."""
+        stem = re.sub(r"\.t\d+$", "", path.name[:-len(".json")])
+        try:
+            os.replace(path, path.with_name(f"{stem}.t{tries}.json"))
+        except OSError:
+            pass
+
     # -- both ----------------------------------------------------------------
-    def deliver(self, hook: str, report_id: str, body: bytes) -> str:
-        """Replay the spool, then send this report (or spool it)."""
-        _replayed, agent_ok = self.replay()
-        outcome = self.send(hook, body) if agent_ok else FAILED
+    def deliver(self, hook: str, report_id: str, body: bytes,
+                pauses: tuple[float, ...] = ()) -> str:
+        """Replay the spool, then send this report; after each pause of
+        ``pauses`` try both again while the agent does not take it; then
+        spool it."""
+        outcome, tries = FAILED, 0
+        for pause in (0.0, *pauses):
+            if pause:
+                time.sleep(pause)
+            _replayed, agent_ok = self.replay(by=hook)
+            if not agent_ok:
+                continue   # the agent did not take an older report: nor this one now
+            outcome = self.send(hook, body)
+            tries += 1
+            if outcome != FAILED:
+                break
         if outcome == FAILED:
-            return "spooled" if self.spool(hook, report_id, body) else "lost"
+            return "spooled" if self.spool(hook, report_id, body, tries) else "lost"
         if outcome == REJECTED:
-            path = self.spool(hook, report_id, body)
+            path = self.spool(hook, report_id, body, tries)
             if path is not None:
                 self._set_aside(path, "rejected", "the agent refused it as malformed")
         return outcome

@@ -19,13 +19,23 @@ log = logging.getLogger("slurm_hooks")
 REPORT_VERSION = 1
 
 
-def _node_path(template: str, node: str) -> str:
+# An epilog whose job failed, or that saw XIDs, carries the evidence a verdict
+# needs: when the agent does not take it, it tries again after these pauses
+# (about 3 s more at most with the default 0.5 s timeout) before spooling it.
+EPILOG_RETRY_PAUSES = (0.5, 1.0)
+
+
+def node_path(template: str, node: str) -> str:
     return template.replace("{node}", node) if template else ""
 
 
-def _setup_logging(cfg: settings.Settings, node: str) -> None:
+def node_name(environ: Mapping[str, str]) -> str:
+    return environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def setup_logging(cfg: settings.Settings, node: str) -> None:
     handler: logging.Handler
-    path = _node_path(cfg.log_file, node)
+    path = node_path(cfg.log_file, node)
     try:
         if not path:
             raise OSError("no log file configured")
@@ -91,7 +101,7 @@ def preflight(cfg: settings.Settings, gpus: dict, xids: list[dict]) -> dict:
 def _xids(cfg: settings.Settings, node: str, since: float | None) -> list[dict]:
     source = cfg.kernel_log
     if source.startswith("file:"):
-        source = "file:" + _node_path(source[5:], node)
+        source = "file:" + node_path(source[5:], node)
     try:
         return kmsg.read_xids(source, since)
     except kmsg.KernelLogError as exc:
@@ -120,8 +130,8 @@ def build_report(hook: str, cfg: settings.Settings, environ: Mapping[str, str], 
                  spool: Path) -> dict:
     now = time.time()
     job = job_identity(environ) if hook != "health" else None
-    snapshot = gpu.snapshot(_node_path(cfg.nvml_library, node),
-                            _node_path(cfg.gpu_state_file, node))
+    snapshot = gpu.snapshot(node_path(cfg.nvml_library, node),
+                            node_path(cfg.gpu_state_file, node))
     since = _job_window(hook, cfg, spool, job, now)
     xids = _xids(cfg, node, since)
     report = {"version": REPORT_VERSION, "hook": hook, "report_id": os.urandom(16).hex(),
@@ -139,15 +149,22 @@ def build_report(hook: str, cfg: settings.Settings, environ: Mapping[str, str], 
     return report
 
 
+def _urgent(report: dict) -> bool:
+    """An epilog report worth a few seconds more of the node's time: its job
+    failed, or the kernel logged XIDs during it."""
+    end = report.get("exit") or {}
+    return bool(report["xids"] or end.get("code") or end.get("signal"))
+
+
 def run_hook(hook: str, environ: Mapping[str, str]) -> int:
     """Build, deliver, and decide the exit code (non-zero only for an enforced
     preflight fault)."""
     cfg = settings.load(environ)
-    node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    _setup_logging(cfg, node)
+    node = node_name(environ)
+    setup_logging(cfg, node)
     for problem in cfg.problems:
         log.warning("config: %s", problem)
-    spool = Path(_node_path(cfg.spool_dir, node))
+    spool = Path(node_path(cfg.spool_dir, node))
     report = build_report(hook, cfg, environ, node, spool)
     job = report.get("job")
     if hook == "prolog" and job:
@@ -155,7 +172,13 @@ def run_hook(hook: str, environ: Mapping[str, str]) -> int:
     body = json.dumps(report, separators=(",", ":")).encode()
     deliverer = Deliverer(cfg.agent_url, cfg.timeout, spool,
                           cfg.munge_socket, sign=True)
-    outcome = deliverer.deliver(hook, report["report_id"], body)
+    urgent = hook == "epilog" and _urgent(report)
+    outcome = deliverer.deliver(hook, report["report_id"], body,
+                                pauses=EPILOG_RETRY_PAUSES if urgent else ())
+    if hook == "epilog" and outcome == "spooled":
+        from . import replay
+        if replay.start(spool, environ):
+            log.info("epilog report spooled: a replayer retries for %.0fs", replay.WINDOW)
     log.info("%s job=%s attempt=%s gpus=%s xids=%s delivery=%s", hook,
              job and job["job_id"], job and job["attempt"], report["gpus"].get("count"),
              len(report["xids"]), outcome)

@@ -175,7 +175,7 @@ def all_detections(detections: Sequence[Detection],
     (rank -> host, address -> host), then the context's node reports, NODE_FAIL
     nodes and bad node states as detections of their own."""
     context = context or AttributionContext()
-    out = [_fill_host(d, context) for d in detections]
+    out = [_vetted(_fill_host(d, context), context) for d in detections]
     for event in context.node_events:
         if _in_window(event, context.window):
             out.append(_node_event(_fill_host(event, context)))
@@ -196,6 +196,26 @@ def _fill_host(d: Detection, context: AttributionContext) -> Detection:
     return d if host == d.host else replace(d, host=host)
 
 
+def _vetted(d: Detection, context: AttributionContext) -> Detection:
+    """What a line the job wrote itself may prove. A kernel, driver or daemon
+    message (``emitter = "system"``) there proves nothing about a node: the
+    user may have printed it, so it only informs. A host it names counts only
+    when it is one of the job's own nodes (none, while those are not known)."""
+    if d.origin != "job":
+        return d
+    if d.emitter == "system":
+        return replace(d, severity="info", host=None, role="symptom",
+                       detail=f"{d.detail} [a system message in the job's own output: "
+                              "not node evidence]")
+    if d.host is None:
+        return d
+    own = [h for h in _expand(d.host) if h in context.nodes]
+    if len(own) == len(_expand(d.host)):
+        return d
+    return replace(d, host=",".join(own) or None,
+                   detail=f"{d.detail} [names {d.host}, outside the job's nodes: ignored]")
+
+
 def _in_window(d: Detection, window: tuple[float, float] | None) -> bool:
     times = [e.time for e in d.evidence if e.time is not None]
     return window is None or not times or any(window[0] <= t <= window[1] for t in times)
@@ -214,7 +234,7 @@ def _node_event(d: Detection) -> Detection:
 
 def _slurm_detection(rule: str, node: str, text: str) -> Detection:
     return Detection(rule=rule, category="system_software", severity="critical",
-                     action_hint="requeue_exclude", role="root", host=node,
+                     action_hint="requeue_exclude", role="root", host=node, origin="system",
                      evidence=(Evidence(text, "slurm"),), detail=text)
 
 

@@ -3,7 +3,8 @@
 Two witnesses, both cheap:
 
 * the job's ``ckpt=`` path (a directory or a glob): :func:`newest_checkpoint`
-  stats a bounded number of entries and returns the newest finished one;
+  stats a bounded number of entries, with the job user's rights, and returns
+  the newest finished file of theirs;
 * the job's log: :class:`CheckpointWatcher` knows how common trainers announce
   a saved checkpoint (Megatron-LM, NeMo/Lightning, DeepSpeed, Hugging Face
   Trainer, TorchTitan and plain ``checkpoint saved: PATH step=N`` lines).
@@ -19,8 +20,11 @@ import fnmatch
 import glob
 import os
 import re
+import stat
 from dataclasses import dataclass, replace
-from typing import Iterator, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
+
+from ..logs import userfs
 
 __all__ = ["CheckpointFound", "CheckpointRecord", "CheckpointWatcher",
            "attempts_without_progress", "newest_checkpoint", "parse_saved", "step_from_path"]
@@ -59,78 +63,52 @@ class _Budget:
         return self.left >= 0
 
 
-def _newest_under(path: str, depth: int, budget: _Budget) -> CheckpointFound | None:
-    """The newest non-temporary file below the directory ``path``."""
+def _newest_under(here: userfs.Dir, path: str, depth: int,
+                  budget: _Budget) -> CheckpointFound | None:
+    """The newest non-temporary file below the directory ``here`` (``path``)."""
     best: CheckpointFound | None = None
     try:
-        with os.scandir(path) as entries:
-            for entry in entries:
-                if not budget.take():
-                    break
-                if _ignored(entry.name):
-                    continue
-                found = _examine(entry.path, entry, depth, budget)
-                if found and (best is None or found.mtime > best.mtime):
-                    best = found
+        for name, st in here.entries(budget.take):
+            if _ignored(name):
+                continue
+            found = _examine(here, name, st, os.path.join(path, name), depth, budget)
+            if found and (best is None or found.mtime > best.mtime):
+                best = found
     except OSError:
-        pass  # vanished, unreadable: what was seen so far stands
+        pass  # vanished, not readable by the user: what was seen so far stands
     return best
 
 
-def _examine(path: str, entry: os.DirEntry | None, depth: int,
+def _examine(parent: userfs.Dir, name: str, st: os.stat_result, path: str, depth: int,
              budget: _Budget) -> CheckpointFound | None:
-    try:
-        # Symlinked files count (a "last.ckpt" link); symlinked dirs are not
-        # entered, so a link loop cannot eat the budget.
-        if entry is not None:
-            is_dir = entry.is_dir(follow_symlinks=False)
-            is_file = not is_dir and entry.is_file()
-            mtime = entry.stat().st_mtime if is_file else 0.0
-        else:
-            is_dir = os.path.isdir(path) and not os.path.islink(path)
-            is_file = not is_dir and os.path.isfile(path)
-            mtime = os.stat(path).st_mtime if is_file else 0.0
-    except OSError:
-        return None
-    if is_file:
-        return CheckpointFound(path, mtime)
-    if is_dir and depth > 0:
-        return _newest_under(path, depth - 1, budget)
+    """A file counts when it is the user's own and readable by them; a
+    directory is looked into (links among entries are neither followed nor
+    entered, so a link loop cannot eat the budget)."""
+    if stat.S_ISREG(st.st_mode):
+        try:
+            parent.check_file(name, st)
+        except OSError:
+            return None
+        return CheckpointFound(path, st.st_mtime)
+    if stat.S_ISDIR(st.st_mode) and depth > 0:
+        try:
+            with parent.child(name) as sub:
+                return _newest_under(sub, path, depth - 1, budget)
+        except OSError:
+            return None
     return None
 
 
-def _glob(base: str, parts: Sequence[str], budget: _Budget) -> Iterator[str]:
-    """Paths matching the remaining pattern ``parts`` below ``base``; like
-    :mod:`glob` (``*`` skips hidden names, ``**`` is one level) but every
-    directory entry read counts against the budget."""
-    if not parts:
-        yield base
-        return
-    head, rest = parts[0], parts[1:]
-    if not head or not glob.has_magic(head):
-        yield from _glob(os.path.join(base, head) if head else base, rest, budget)
-        return
-    matched = []
-    try:
-        with os.scandir(base) as entries:
-            for entry in entries:
-                if not budget.take():
-                    break
-                if entry.name.startswith(".") and not head.startswith("."):
-                    continue
-                if fnmatch.fnmatchcase(entry.name, head.replace("**", "*")) and (
-                        not rest or entry.is_dir()):
-                    matched.append(entry.path)
-    except OSError:
-        return
-    for path in sorted(matched):
-        yield from _glob(path, rest, budget)
-
-
 def newest_checkpoint(ckpt_spec: str, max_entries: int = MAX_ENTRIES,
-                      max_depth: int = MAX_DEPTH) -> CheckpointFound | None:
-    """The newest finished checkpoint file under ``ckpt_spec`` (a file, a
-    directory or a glob), as ``(path, mtime)``; None when there is none.
+                      max_depth: int = MAX_DEPTH,
+                      rights: userfs.Rights | None = None) -> CheckpointFound | None:
+    """The newest finished checkpoint file under ``ckpt_spec`` (an absolute
+    file, directory or glob), as ``(path, mtime)``; None when there is none.
+
+    ``rights``: the job user's (:class:`~recovery_agent.logs.userfs.Rights`).
+    The spec is then resolved as that user could (directories they may search,
+    listings they may read, no links of theirs followed) and only files they
+    own count; None looks as the agent itself (any owner), for tests and tools.
 
     Temporary and hidden names (``*.tmp``, ``.foo``, ``tmp-checkpoint-500``) are
     skipped with everything below them. At most ``max_entries`` directory entries
@@ -138,17 +116,16 @@ def newest_checkpoint(ckpt_spec: str, max_entries: int = MAX_ENTRIES,
     or a glob's matches, so a huge tree costs a bounded scan (the answer is then the newest
     among the entries seen).
     """
-    if not ckpt_spec:
+    if not ckpt_spec or not os.path.isabs(ckpt_spec):
         return None
     budget = _Budget(max_entries)
-    if not glob.has_magic(ckpt_spec):
-        return _examine(ckpt_spec, None, max_depth + 1, budget)
-    root = os.sep if ckpt_spec.startswith(os.sep) else os.curdir
+    magic = glob.has_magic(ckpt_spec)
     best: CheckpointFound | None = None
-    for path in _glob(root, ckpt_spec.split(os.sep), budget):
-        if _ignored(os.path.basename(path)):
+    for match in userfs.glob(ckpt_spec, rights or userfs.AGENT, budget.take):
+        if magic and _ignored(match.name):
             continue
-        found = _examine(path, None, max_depth + 1, budget)
+        found = _examine(match.parent, match.name, match.st, match.path, max_depth + 1,
+                         budget)
         if found and (best is None or found.mtime > best.mtime):
             best = found
     return best

@@ -17,6 +17,12 @@ SEVERITIES = ("info", "warning", "error", "critical")
 # timeout, a peer that went away); ``exit`` only reports that a process ended
 # (an exit code, an abort after an uncaught exception).
 ROLES = ("root", "cause", "symptom", "exit")
+# Where the line a detection rests on was read, which decides what it may prove:
+# "job" is written by the job (its output files, its log-store feed): a user can
+# write anything there; "system" comes from the nodes and Slurm (node hook
+# reports, node log feeds, GPU metrics, Slurm's own state); "" is not known
+# (offline analysis of a file an admin chose), taken at face value.
+ORIGINS = ("", "job", "system")
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,8 @@ class Detection:
     xid: int | None = None
     detail: str = ""
     role: str = "cause"
+    emitter: str = "job"     # the rule's: who prints such a message (patterns.EMITTERS)
+    origin: str = ""         # where this one was read (ORIGINS)
 
     @property
     def line(self) -> int | None:

@@ -27,6 +27,11 @@ required)::
     action_by_xid  true: the action comes from the XID the line carries
     host_from_prefix  true: the fault is on the node that printed the line, so
                 its NCCL prefix (``host:pid:tid [dev]``) names the host
+    emitter     who prints the message: "job" (default: the job's own processes,
+                their libraries, srun and slurmstepd writing into its output) or
+                "system" (only the node's kernel, drivers and system daemons, or
+                slurmctld, print it). A "system" message found in a job's own
+                output proves nothing about a node: users can print anything
     description free text
     examples.match / examples.no_match   lines the regex must / must not find
 
@@ -55,7 +60,8 @@ SCOPES = ("line", "traceback")
 REGEX_FLAGS = re.ASCII   # hyperscan's classes (\w, \d, \s, \b) are ASCII-only
 _KEYS = frozenset({"id", "category", "severity", "action", "role", "regex", "priority",
                    "scope", "lookback", "action_by_xid", "host_from_prefix", "description",
-                   "examples"})
+                   "emitter", "examples"})
+EMITTERS = ("job", "system")
 _EXAMPLE_KEYS = frozenset({"match", "no_match"})
 _ID = re.compile(r"^[a-z0-9][a-z0-9_]*(?:[.-][a-z0-9_]+)*$")
 # Parser nodes hyperscan cannot compile (it has no backtracking).
@@ -90,6 +96,7 @@ class Rule:
     lookback: int = 0
     action_by_xid: bool = False
     host_from_prefix: bool = False
+    emitter: str = "job"
     description: str = ""
     examples_match: tuple[str, ...] = ()
     examples_no_match: tuple[str, ...] = ()
@@ -200,6 +207,7 @@ def _build(path: Path, index: int, raw: Any) -> Rule:
     _choice(where, raw, "action", ACTIONS, "none")
     _choice(where, raw, "role", ROLES, "cause")
     _choice(where, raw, "scope", SCOPES, "line")
+    _choice(where, raw, "emitter", EMITTERS, "job")
     priority = _integer(where, raw, "priority", 0, -100, 100)
     lookback = _integer(where, raw, "lookback", 0, 0, 8)
     by_xid, from_prefix = _flag(where, raw, "action_by_xid"), _flag(where, raw, "host_from_prefix")
@@ -214,7 +222,7 @@ def _build(path: Path, index: int, raw: Any) -> Rule:
                 severity=raw.get("severity", "error"), action=raw.get("action", "none"),
                 role=raw.get("role", "cause"), priority=priority,
                 scope=raw.get("scope", "line"), lookback=lookback, action_by_xid=by_xid,
-                host_from_prefix=from_prefix,
+                host_from_prefix=from_prefix, emitter=raw.get("emitter", "job"),
                 description=description, examples_match=matches, examples_no_match=misses,
                 compiled=compiled)
     _check_examples(where, rule)

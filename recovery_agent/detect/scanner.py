@@ -87,9 +87,10 @@ class Scanner:
     def engine_name(self) -> str:
         return self.engine.name
 
-    def stream(self, source: str = "") -> "ScanStream":
-        """A fresh incremental scan of one source (one log file)."""
-        return ScanStream(self, source)
+    def stream(self, source: str = "", origin: str = "") -> "ScanStream":
+        """A fresh incremental scan of one source (one log file). ``origin`` says
+        who wrote it (model.ORIGINS) and is stamped on its detections."""
+        return ScanStream(self, source, origin)
 
     def scan_lines(self, lines: Iterable[str], source: str = "",
                    first_line: int = 1) -> list[Detection]:
@@ -162,16 +163,18 @@ class Scanner:
         return Detection(rule=rule.id, category=rule.category, severity=severity,
                          action_hint=action, evidence=evidence, host=host,
                          rank=_int(groups.get("rank")), pci=pci, gpu=gpu, xid=xid,
-                         detail=detail or rule.description, role=rule.role)
+                         detail=detail or rule.description, role=rule.role,
+                         emitter=rule.emitter)
 
 
 class ScanStream:
     """Incremental scanning of one source; keeps traceback/summary state,
     the line count (``lineno``: the last line consumed) and a partial last line."""
 
-    def __init__(self, scanner: Scanner, source: str = "") -> None:
+    def __init__(self, scanner: Scanner, source: str = "", origin: str = "") -> None:
         self.scanner = scanner
         self.source = source
+        self.origin = origin
         self.lineno = 0
         self.recent: deque[str] = deque(maxlen=max(scanner.lookback, 1))
         self._tb: _Traceback | None = None
@@ -216,9 +219,14 @@ class ScanStream:
         out = self.scan_block(self._tail) if self._tail else []
         self._tail, self._skip = b"", False
         if self._summary:
-            out.extend(self._summary.finish(self))
+            out.extend(self._stamped(self._summary.finish(self)))
         self._summary = self._tb = None
         return out
+
+    def _stamped(self, found: list[Detection]) -> list[Detection]:
+        if not self.origin or not found:
+            return found
+        return [replace(d, origin=self.origin) for d in found]
 
     def scan_block(self, data: bytes, prepared: bool = False) -> list[Detection]:
         """Scan complete lines joined by LF, numbered from ``lineno + 1``
@@ -246,7 +254,7 @@ class ScanStream:
             index, pos = index + 1, end + 1
         self.lineno = base + count
         self._remember_tail(data)
-        return out
+        return self._stamped(out)
 
     def _remember_tail(self, data: bytes) -> None:
         """Keep the block's last lines decoded, for lookback into the next block."""

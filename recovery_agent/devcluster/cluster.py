@@ -24,7 +24,7 @@ import psutil
 from ..errors import RecoveryError, SchedulerError
 from ..scheduler.cli_backend import CliScheduler
 from ..scheduler.runner import SlurmRunner
-from .config import ClusterSpec, Layout, write_files
+from .config import ClusterSpec, Layout, agent_toml, write_files
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,9 @@ class DevCluster:
         record = self._load()
         if record and self.is_healthy():
             if record.get("spec") == spec.comparable():
+                # the daemons stay; the agent's config follows this version's
+                # (a newer checkout may add keys, e.g. agent.log_roots)
+                self.lay.agent_config.write_text(agent_toml(spec, self.lay))
                 self._wait_idle(spec, time.monotonic() + START_TIMEOUT)
                 return f"reusing healthy dev cluster in {self.lay.root}"
             self.progress("cluster shape changed: restarting it")

@@ -250,6 +250,8 @@ def agent_toml(spec: ClusterSpec, lay: Layout) -> str:
         "# Written by recovery-devcluster for this cluster's hooks and agent.",
         "[agent]", f'cluster = "{CLUSTER_NAME}"', f'state_dir = "{lay.root / "agent"}"',
         'poll_interval = "2s"',
+        # the cluster's jobs write here (submit --chdir), not under a site root
+        f'log_roots = "{lay.jobs}"',
         "[scheduler]", 'backend = "cli"', f'slurm_conf = "{lay.slurm_conf}"',
         "[api]", 'bind = "127.0.0.1"', f"port = {spec.agent_port}", 'auth = "munge"',
         f'munge_socket = "{lay.munge_socket}"', f'hook_uids = "{os.getuid()}"',

@@ -21,6 +21,21 @@ complete lines that appeared since the previous poll.
   a file is reopened by path, its inode checked, and read at the saved offset.
 * Errors (permission, a directory in place of the file, I/O) are recorded per
   path and logged once; they never escape :meth:`Tailer.poll`.
+* A path added with a user's :class:`~recovery_agent.logs.userfs.Rights` is
+  read only as that user could read it (:mod:`recovery_agent.logs.userfs`): its
+  directory is walked from ``/`` with the user's rights and kept open
+  (:class:`~recovery_agent.logs.userfs.DirCache`), the per-poll look is one
+  ``fstatat`` relative to it, and every open goes through the same checks.
+  A refusal is recorded once as a :class:`Notice` (``not_followed``).
+* Floods: a poll reads at most ``file_budget`` bytes of one file, ``read_budget``
+  in all, and stops starting new reads after ``time_budget`` seconds, the
+  caller's work on the lines yielded by :meth:`Tailer.poll_iter` included. A
+  file more than ``max_backlog`` bytes ahead of its reader is skipped to its
+  last ``keep_tail`` bytes (from a line start; the lines skipped are counted, so
+  line numbers stay right), and the skip is recorded as a :class:`Notice`
+  (``skipped``): the end of a flood, where a failure shows, is read in seconds
+  rather than after the whole flood. Memory stays bounded per file: lines are
+  yielded a ``STEP`` at a time, :meth:`Tailer.flush_iter` included.
 
 Cursors (inode, offset just after the last newline delivered, lines delivered)
 go to a :class:`CursorStore` every ``save_interval`` seconds and on
@@ -31,30 +46,32 @@ line number, if the file is followed again after a restart.
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import stat
 import time
 from collections import OrderedDict
-from typing import Iterable, Mapping, NamedTuple, Protocol
+from typing import Iterable, Iterator, Mapping, NamedTuple, Protocol
 
 from ..errors import RecoveryError
+from . import userfs
+from .userfs import NotFollowed, Rights
 
 log = logging.getLogger(__name__)
 
 MAX_LINE = 64 * 1024         # bytes kept of one line
-FILE_BUDGET = 1 << 20        # bytes read from one file in one poll
-READ_BUDGET = 16 << 20       # bytes read from all files in one poll
+FILE_BUDGET = 8 << 20        # bytes read from one file in one poll
+READ_BUDGET = 32 << 20       # bytes read from all files in one poll
+TIME_BUDGET = 1.0            # seconds after which a poll starts no new read
+MAX_BACKLOG = 16 << 20       # a file further ahead than this is skipped to its tail
+KEEP_TAIL = 2 << 20          # bytes kept at the end of a skipped file
 CHUNK = 256 * 1024           # one pread
+STEP = 1 << 20               # bytes read between two yields of poll_iter/flush_iter
 MAX_REPORT_LINES = 10_000    # log lines taken from one node report
+SKIP_REPORT_EVERY = 300.0    # further skips of one file are reported this often
 # O_NOFOLLOW: a log replaced by a symlink (to /etc/shadow, say) is never read
 _OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
                | getattr(os, "O_NOFOLLOW", 0))
-
-
-class NotFollowed(OSError):
-    """A path the tailer will not read: a symlink, or outside the allowed roots."""
 
 
 def _lstat(path: str) -> os.stat_result:
@@ -62,6 +79,18 @@ def _lstat(path: str) -> os.stat_result:
     if stat.S_ISLNK(st.st_mode):
         raise NotFollowed(f"{path} is a symbolic link; not followed")
     return st
+
+
+class Notice(NamedTuple):
+    """Something a job's timeline should say about its output: ``kind`` is
+    ``not_followed`` (a refusal, once per path and key) or ``skipped``
+    (``skipped`` bytes passed over in a flood)."""
+
+    key: str
+    path: str
+    kind: str
+    message: str
+    skipped: int = 0
 
 Cursor = tuple[int, int, int]  # (inode, offset, lineno)
 
@@ -139,11 +168,17 @@ class _Watch:
 
     __slots__ = ("path", "key", "ino", "pos", "last", "start", "lineno", "partial", "capped",
                  "mark", "mark_lineno", "gone", "sig", "fd", "error", "behind", "served",
-                 "saved")
+                 "saved", "rights", "reported", "skipped", "skip_said", "folder", "name")
 
-    def __init__(self, path: str, key: str, cursor: Cursor | None) -> None:
+    def __init__(self, path: str, key: str, cursor: Cursor | None,
+                 rights: Rights | None = None) -> None:
         self.path = path
+        self.folder, self.name = os.path.split(path)
         self.key = key
+        self.rights = rights           # None: read as the agent itself
+        self.reported = False          # a refusal is on its key's timeline
+        self.skipped = [0, 0]          # bytes and lines skipped, not yet reported
+        self.skip_said = float("-inf")  # when a skip was last reported
         self.ino, self.pos, self.lineno = cursor if cursor else (None, 0, 0)
         self.last = b"\n" if self.pos else b""  # the byte at pos - 1
         self.start = self.pos          # offset of the held partial line
@@ -171,50 +206,75 @@ class Tailer:
     def __init__(self, cursor_store: CursorStore | None = None, *, max_open: int = 256,
                  max_line: int = MAX_LINE, file_budget: int = FILE_BUDGET,
                  read_budget: int = READ_BUDGET, save_interval: float = 5.0,
-                 allowed_roots: tuple[str, ...] = ()) -> None:
+                 allowed_roots: tuple[str, ...] = (), time_budget: float = TIME_BUDGET,
+                 max_backlog: int = MAX_BACKLOG, keep_tail: int = KEEP_TAIL) -> None:
         if min(max_open, max_line, file_budget, read_budget) < 1:
             raise ValueError("max_open, max_line and the budgets must be positive")
+        if max_backlog and not 0 < keep_tail < max_backlog:
+            raise ValueError("keep_tail must be above 0 and below max_backlog")
         self.max_open = max_open
         self.max_line = max_line
         self.file_budget = file_budget
         self.read_budget = read_budget
+        self.time_budget = time_budget
+        self.max_backlog = max_backlog      # 0: never skip
+        self.keep_tail = keep_tail
         self.save_interval = save_interval
         self._store = cursor_store
         self._cursors = cursor_store.load_all() if cursor_store else {}
         self._watches: dict[str, _Watch] = {}
         self.allowed_roots = tuple(os.path.realpath(r) for r in allowed_roots if r)
         self.refused: dict[str, str] = {}
+        self.notices: list[Notice] = []     # taken (and removed) by whoever reports them
+        self.skipped_bytes = 0              # skipped in floods since this tailer started
+        self._refusal_said: dict[str, str] = {}   # path -> key its refusal was reported for
         self._open: OrderedDict[str, _Watch] = OrderedDict()  # least recently used first
+        self._dirs = userfs.DirCache()   # the directories of files read with rights
         self._polls = 0
         self._last_save = time.monotonic()
 
     # -- the watch list ----------------------------------------------------
-    def add(self, path: str | os.PathLike, key: str) -> None:
+    def add(self, path: str | os.PathLike, key: str, rights: Rights | None = None) -> None:
         """Follow ``path``, tagging its lines with ``key``; resume at its saved
-        cursor if there is one."""
+        cursor if there is one. With ``rights`` (the job user's), the file is
+        read only as that user could read it, and it must be theirs."""
         path = os.fspath(path)
-        if self.allowed_roots:
+        if rights is None and self.allowed_roots:  # with rights, the walk checks the roots
             real = os.path.realpath(path)
             if not any(real == root or real.startswith(root.rstrip("/") + "/")
                        for root in self.allowed_roots):
+                reason = "outside the allowed log roots"
                 if path not in self.refused:
-                    log.warning("not following %s: outside the allowed log roots (%s)",
-                                path, ", ".join(self.allowed_roots))
-                self.refused[path] = "outside the allowed log roots"
+                    log.warning("not following %s: %s (%s)", path, reason,
+                                ", ".join(self.allowed_roots))
+                self.refused[path] = reason
+                if self._refusal_said.get(path) != key:
+                    self._refusal_said[path] = key
+                    self.notices.append(Notice(key, path, "not_followed",
+                                               f"{path} is {reason} (agent.log_roots)"))
                 return
         watch = self._watches.get(path)
         if watch is not None:
+            if watch.key != key:
+                watch.reported = False     # a new attempt: its timeline hears again
             watch.key = key
+            if watch.rights != rights:
+                watch.rights = rights
+                self._close(watch)
+                watch.sig = None
         else:
-            self._watches[path] = _Watch(path, key, self._cursors.pop(path, None))
+            self._watches[path] = _Watch(path, key, self._cursors.pop(path, None), rights)
 
     def remove(self, path: str | os.PathLike, forget: bool = False) -> None:
         """Stop following ``path``. Its cursor is kept (a requeued job may append
         to the same file) unless ``forget``."""
         path = os.fspath(path)
+        self.refused.pop(path, None)
+        self._refusal_said.pop(path, None)
         watch = self._watches.pop(path, None)
         if watch is None:
             return
+        self._say_skipped(watch, force=True)
         self._close(watch)
         if forget:
             self._store_call("forget", [path])
@@ -244,12 +304,20 @@ class Tailer:
     # -- reading -----------------------------------------------------------
     def poll(self) -> list[LogLine]:
         """The complete lines written since the last poll, file by file, in order."""
+        return list(self.poll_iter())
+
+    def poll_iter(self) -> Iterator[LogLine]:
+        """The lines :meth:`poll` returns, yielded about a ``STEP`` at a time:
+        memory stays bounded, and the caller's work on the lines counts against
+        ``time_budget`` (past it, files not yet read wait for the next poll,
+        first in line then)."""
         self._polls += 1
+        deadline = time.monotonic() + self.time_budget
         todo = []
         any_behind = False
         for w in self._watches.values():
             try:
-                st = _lstat(w.path)
+                st = self._look(w)
             except FileNotFoundError:
                 w.error = None
                 if w.fd is not None:  # deleted: read what its descriptor still has
@@ -266,35 +334,66 @@ class Tailer:
                 any_behind = any_behind or w.behind
         if any_behind:  # least recently served first, so no file starves
             todo.sort(key=lambda item: item[0].served)
-        out: list[LogLine] = []
         budget = self.read_budget
-        for w, st in todo:
-            if budget <= 0:
+        for i, w_st in enumerate(todo):
+            w, st = w_st
+            # past a budget, the rest waits (the first file is always served: progress)
+            if i and (budget <= 0 or time.monotonic() >= deadline):
                 w.behind = True
                 continue
             w.served = self._polls
-            budget -= self._service(w, st, min(budget, self.file_budget), out)
+            left = min(budget, self.file_budget)
+            while left > 0:
+                out: list[LogLine] = []
+                used = self._service(w, st, min(left, STEP), out)
+                left -= used
+                budget -= used
+                yield from out
+                if not w.behind or not used or time.monotonic() >= deadline:
+                    break
         if time.monotonic() - self._last_save >= self.save_interval:
             self.save()
-        return out
 
     def flush_partial(self, path: str | os.PathLike) -> list[LogLine]:
         """Read ``path`` to its end and deliver its last line even without a
         newline: for a job that has ended."""
+        return list(self.flush_iter(path))
+
+    def flush_iter(self, path: str | os.PathLike) -> Iterator[LogLine]:
+        """:meth:`flush_partial`, yielded a ``STEP`` at a time (a file far
+        behind is skipped to its tail first, as in a poll)."""
         watch = self._watches.get(os.fspath(path))
         if watch is None:
-            return []
-        out: list[LogLine] = []
+            return
         try:
-            st = _lstat(watch.path)
+            st = self._look(watch)
         except FileNotFoundError:
             st = None
         except OSError as exc:
             self._fail(watch, exc)
-            return out
-        self._service(watch, st, 1 << 62, out)
+            return
+        while True:
+            out: list[LogLine] = []
+            used = self._service(watch, st, STEP, out)
+            yield from out
+            if not watch.behind or not used:
+                break
+        out = []
         self._finish(watch, out)
-        return out
+        yield from out
+        self._say_skipped(watch, force=True)
+
+    def _look(self, w: _Watch) -> os.stat_result:
+        """The per-poll look at a path: lstat as the agent, or, with a user's
+        rights, fstatat in its directory walked with those rights."""
+        if w.rights is None:
+            return _lstat(w.path)
+        if not w.name:
+            raise NotFollowed(f"{w.path} names a directory, not a file")
+        st = self._dirs.get(w.folder, w.rights).lstat(w.name)
+        if stat.S_ISLNK(st.st_mode):
+            raise NotFollowed(f"{w.path} is a symbolic link; not followed")
+        return st
 
     def _service(self, w: _Watch, st: os.stat_result | None, limit: int,
                  out: list[LogLine]) -> int:
@@ -308,8 +407,8 @@ class Tailer:
                     self._close(w)
                 return used
             if not stat.S_ISREG(st.st_mode):
-                code = errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL
-                raise OSError(code, "not a regular file")
+                raise NotFollowed(f"{w.path} is {userfs.kind(st.st_mode)}, not a regular "
+                                  "file")
             used = 0
             if w.ino is None:
                 w.restart(st.st_ino)
@@ -346,10 +445,12 @@ class Tailer:
             self._open.move_to_end(w.path)
             fd = w.fd
         else:
-            fd = self._open_fd(w, w.path)
+            fd = self._open_fd(w, w.path, st)
             if fd is None:
                 return None
         try:
+            if self.max_backlog and st.st_size - w.pos > self.max_backlog:
+                self._skip(w, fd, st.st_size, out)
             got = self._read(w, fd, limit, out, st.st_size)
             if got is None:
                 log.warning("log rewritten under the same inode, reading again from its "
@@ -383,10 +484,57 @@ class Tailer:
             self._close(w)
         return used, eof
 
+    def _skip(self, w: _Watch, fd: int, size: int, out: list[LogLine]) -> None:
+        """Jump to the last ``keep_tail`` bytes of a file that ran too far ahead,
+        at a line start; count the lines passed over, so numbers stay right."""
+        if w.pos and os.pread(fd, 1, w.pos - 1) != w.last:
+            return     # rewritten under the same inode: _read starts it again
+        start = size - self.keep_tail
+        window = os.pread(fd, CHUNK + 1, start - 1)   # from the byte before start
+        cut = window.find(b"\n")
+        target = start + cut if cut >= 0 else start
+        held = bool(w.partial or w.capped)
+        self._finish(w, out)           # the line begun before the skip, as far as it got
+        lines = _count_lines(fd, w.pos, target) - (1 if held else 0)
+        skipped = target - w.pos
+        w.pos = w.start = w.mark = target
+        w.lineno += max(lines, 0)
+        w.mark_lineno = w.lineno
+        w.last = b"\n" if cut >= 0 else window[:1]
+        w.capped = cut < 0             # no line start in reach: the head of this one is gone
+        w.skipped[0] += skipped
+        w.skipped[1] += max(lines, 0)
+        self.skipped_bytes += skipped
+        log.warning("log far ahead of its reader, skipped to its tail: path=%s skipped=%d "
+                    "bytes lines=%d", w.path, skipped, lines)
+        self._say_skipped(w)
+
+    def _say_skipped(self, w: _Watch, force: bool = False) -> None:
+        """Report the bytes skipped in ``w``: the first skip at once, later ones
+        at most every SKIP_REPORT_EVERY seconds, and what is left when it ends."""
+        skipped, lines = w.skipped
+        now = time.monotonic()
+        if not skipped or (not force and now - w.skip_said < SKIP_REPORT_EVERY):
+            return
+        w.skip_said, w.skipped = now, [0, 0]
+        self.notices.append(Notice(
+            w.key, w.path, "skipped",
+            f"skipped {skipped / 1e6:.1f} MB of output ({lines} lines) of {w.path}: it was "
+            f"written faster than the agent reads; reading on from its last "
+            f"{self.keep_tail / 1e6:.1f} MB", skipped))
+
     def _find_inode(self, w: _Watch) -> str | None:
         """The rotated file (same directory, name starting with ours) that still
         has the inode we followed."""
         folder, name = os.path.split(w.path)
+        if w.rights is not None:     # listed only if the user may list it
+            try:
+                for found, st in self._dirs.get(folder, w.rights).entries():
+                    if found != name and found.startswith(name) and st.st_ino == w.ino:
+                        return os.path.join(folder, found)
+            except OSError:
+                pass
+            return None
         try:
             with os.scandir(folder or ".") as entries:
                 for entry in entries:
@@ -476,7 +624,8 @@ class Tailer:
         w.start = w.pos
 
     # -- descriptors -------------------------------------------------------
-    def _open_fd(self, w: _Watch, path: str) -> int | None:
+    def _open_fd(self, w: _Watch, path: str, looked: os.stat_result | None = None
+                 ) -> int | None:
         """Open ``path`` if it still is ``w``'s inode (else None).
 
         The descriptor is kept as ``w.fd``, closing the least recently used one
@@ -484,7 +633,12 @@ class Tailer:
         the caller closes it after reading. With more busy files than
         descriptors, plain LRU would close each one just before its next use.
         """
-        fd = os.open(path, _OPEN_FLAGS)
+        if w.rights is None:
+            fd = os.open(path, _OPEN_FLAGS)
+        else:         # looked: this poll's look at the path in the same directory
+            folder, name = os.path.split(path)
+            fd = userfs.open_in(self._dirs.get(folder, w.rights), name, self.allowed_roots,
+                                path, looked if path == w.path else None)
         try:
             st = os.fstat(fd)
         except OSError:
@@ -516,6 +670,9 @@ class Tailer:
         if message != w.error:
             log.warning("cannot read log: path=%s error=%s", w.path, message)
             w.error = message
+        if isinstance(exc, NotFollowed) and not w.reported:
+            w.reported = True
+            self.notices.append(Notice(w.key, w.path, "not_followed", str(exc)))
         w.sig = None
         w.behind = False
         self._close(w)
@@ -549,12 +706,25 @@ class Tailer:
         self.save()
         for w in list(self._open.values()):
             self._close(w)
+        self._dirs.close()
 
     def __enter__(self) -> "Tailer":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _count_lines(fd: int, start: int, end: int) -> int:
+    """Newlines in bytes [start, end) of ``fd``, read a STEP at a time."""
+    count = 0
+    while start < end:
+        data = os.pread(fd, min(STEP, end - start), start)
+        if not data:
+            break
+        count += data.count(b"\n")
+        start += len(data)
+    return count
 
 
 def lines_from_report(report: dict, key: str | None = None,

@@ -6,8 +6,11 @@ detectors and the policy never learn which Slurm they run against.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence, runtime_checkable
+
+from ..errors import JobNotFound, SchedulerError
 
 # Job states in which the job holds (or is about to hold, or is releasing) nodes.
 ACTIVE_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STAGE_OUT",
@@ -114,6 +117,36 @@ class Probe:
     version: str = ""
 
 
+class ListingCheck:
+    """An empty job listing right after one that held live jobs is suspect: a
+    controller that is failing over, restarting or overloaded can answer with
+    nothing. Before such a listing is believed, a targeted query asks for a few
+    of the jobs just seen; if slurmctld still knows one, the listing is a
+    SchedulerError (nothing is expired, released or judged on it)."""
+
+    SAMPLE = 3
+
+    def __init__(self) -> None:
+        self.live: list[str] = []   # live jobs of the last believed listing
+        self._lock = threading.Lock()
+
+    def check(self, jobs: Sequence["Job"], lookup) -> None:
+        with self._lock:
+            before = list(self.live)
+        if not jobs and before:
+            for job_id in before[:self.SAMPLE]:
+                try:
+                    found = lookup(job_id)
+                except JobNotFound:
+                    continue
+                raise SchedulerError(
+                    f"the job listing came back empty, yet slurmctld still shows job "
+                    f"{job_id} ({found.state}): not believing the listing",
+                    argv=["squeue", "--json"])
+        with self._lock:
+            self.live = [j.job_id for j in jobs if not j.is_finished][:64]
+
+
 @runtime_checkable
 class Scheduler(Protocol):
     """The operations the agent needs from Slurm. Every mutating call raises
@@ -130,6 +163,11 @@ class Scheduler(Protocol):
 
     def get_job(self, job_id: str) -> Job:
         """One job; raises :class:`~recovery_agent.errors.JobNotFound`."""
+        ...
+
+    def lookup_job(self, job_id: str) -> Job:
+        """One job by a targeted query, never from the batched listing: what
+        confirms that a job a listing lacks is really gone. Raises JobNotFound."""
         ...
 
     def list_nodes(self, names: Iterable[str] | None = None) -> list[Node]: ...

@@ -13,8 +13,8 @@ from typing import Iterable, Sequence
 import hostlist
 
 from ..errors import JobNotFound, NodeNotFound, SchedulerError
-from .base import Job, Node, Probe
-from .cli_parse import parse_nodes_text, parse_squeue_text
+from .base import Job, ListingCheck, Node, Probe
+from .cli_parse import parse_nodes_text, parse_scontrol_job, parse_squeue_text
 from .runner import SlurmRunner
 
 try:   # orjson (the "fast" extra) parses a 10,000-job squeue listing ~3x faster
@@ -35,6 +35,7 @@ class CliScheduler:
     def __init__(self, runner: SlurmRunner | None = None) -> None:
         self.runner = runner or SlurmRunner()
         self._parsed: dict = {}   # unchanged squeue records are not parsed twice
+        self.listings = ListingCheck()
 
     # -- viability ---------------------------------------------------------
     def probe(self) -> Probe:
@@ -73,6 +74,7 @@ class CliScheduler:
             jobs = self._parse(argv, lambda text: parse_squeue_text(text, self._parsed, _loads))
         except ValueError as exc:
             raise SchedulerError(f"squeue --json: {exc}", argv=argv) from None
+        self.listings.check(jobs, self.lookup_job)
         if job_ids is None:
             return jobs
         wanted = {str(j) for j in job_ids}
@@ -96,6 +98,23 @@ class CliScheduler:
             return nodes
         wanted = set(names)
         return [n for n in nodes if n.name in wanted]
+
+    def lookup_job(self, job_id: str) -> Job:
+        """One job by a targeted query (``scontrol show job -o``), not the
+        listing: what confirms that a job the listing lacks is really gone."""
+        argv = ["scontrol", "show", "job", "-o", str(job_id)]
+        try:
+            proc = self.runner.run(argv)
+        except SchedulerError as exc:
+            if _JOB_MISSING.search(exc.stderr or ""):
+                raise JobNotFound(f"job {job_id} not found", exc.argv, exc.returncode,
+                                  exc.stderr) from None
+            raise
+        job = parse_scontrol_job(proc.stdout)
+        if job is None:
+            raise SchedulerError(f"{' '.join(argv)}: no job in the answer", argv=argv,
+                                 returncode=proc.returncode, stderr=proc.stderr)
+        return job
 
     def get_node(self, name: str) -> Node:
         found = self.list_nodes([name])

@@ -236,6 +236,29 @@ def _job_record(raw: Any, version: tuple[int, int]) -> Job | None:
     return job
 
 
+class ListingError(ValueError):
+    """The listing says slurmctld failed to answer (its ``errors`` list): its
+    jobs or nodes, usually none, are not the cluster's."""
+
+
+def listing_errors(doc: Mapping[str, Any], what: str) -> None:
+    """Raise ListingError when a ``--json`` document carries errors. Slurm 22.05
+    prints ``"jobs": []`` with exit 0 and an errors entry when slurmctld does
+    not answer (tests/fixtures/slurm/22.05/squeue_ctld_frozen.json); an empty
+    list there is no evidence that the jobs are gone."""
+    errors = doc.get("errors") if isinstance(doc, Mapping) else None
+    if not errors:
+        return
+    said = []
+    for err in errors if isinstance(errors, list) else [errors]:
+        if isinstance(err, Mapping):
+            parts = [str(err[k]) for k in ("source", "description", "error") if err.get(k)]
+            said.append(": ".join(parts) or str(dict(err)))
+        else:
+            said.append(str(err))
+    raise ListingError(f"{what} reported errors from slurmctld: {'; '.join(said)[:300]}")
+
+
 def parse_squeue(doc: Mapping[str, Any], cache: dict | None = None) -> list[Job]:
     """Every job in a ``squeue --json`` (or ``scontrol --json show job``) document.
 
@@ -244,6 +267,7 @@ def parse_squeue(doc: Mapping[str, Any], cache: dict | None = None) -> list[Job]
     this call's records only."""
     if not isinstance(doc, Mapping) or not isinstance(doc.get("jobs", []), list):
         raise ValueError("not a squeue --json document (no 'jobs' list)")
+    listing_errors(doc, "squeue --json")
     version = slurm_version(doc)
     jobs, fresh = [], {}
     for raw in doc.get("jobs", []):
@@ -339,6 +363,7 @@ def parse_squeue_text(text: str | bytes, cache: dict | None = None,
     head = loads(rest)
     if not isinstance(head, Mapping):
         raise ValueError("not a squeue --json document (no 'jobs' list)")
+    listing_errors(head, "squeue --json")
     version = slurm_version(head)
     jobs, fresh = [], {}
     for piece in pieces:
@@ -398,6 +423,7 @@ def nodes_from_sinfo_groups(groups: Iterable[Mapping[str, Any]]) -> list[Node]:
 
 def parse_nodes(doc: Mapping[str, Any]) -> list[Node]:
     """Nodes from any shape of ``sinfo --json`` or ``scontrol --json show node``."""
+    listing_errors(doc, "sinfo --json")
     if "nodes" in doc:
         return [node_from_json(raw) for raw in doc.get("nodes") or []]
     return nodes_from_sinfo_groups(doc.get("sinfo") or [])
@@ -411,8 +437,10 @@ def parse_nodes_text(text: str | bytes, loads: Callable[[Any], Any] = json.loads
     if split is None:
         return parse_nodes(loads(text))
     rest, pieces = split
-    if not isinstance(loads(rest), Mapping):
+    head = loads(rest)
+    if not isinstance(head, Mapping):
         raise ValueError("not a sinfo --json document")
+    listing_errors(head, "sinfo --json")
     nodes = []
     for piece in pieces:
         try:
@@ -421,3 +449,41 @@ def parse_nodes_text(text: str | bytes, loads: Callable[[Any], Any] = json.loads
             return parse_nodes(loads(text))
         nodes.append(node_from_json(raw))
     return nodes
+
+
+# -- scontrol show job -o (a targeted query; 22.05's scontrol has no --json) ----------
+
+_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
+
+
+def parse_scontrol_job(text: str) -> Job | None:
+    """The first job of ``scontrol show job -o ID`` (one ``key=value`` line per
+    job), with what a check of its existence needs: id, state, restart count,
+    submit time, user, nodes. None for output that holds no job."""
+    import time as _time
+
+    line = next((ln for ln in text.splitlines() if ln.startswith("JobId=")), None)
+    if line is None:
+        return None
+    fields: dict[str, str] = {}
+    for word in line.split(" "):
+        key, eq, value = word.partition("=")
+        if eq and key not in fields:
+            fields[key] = value
+    numeric = int(fields["JobId"]) if fields.get("JobId", "").isdigit() else 0
+    array_job, task = fields.get("ArrayJobId"), fields.get("ArrayTaskId")
+    job_id = f"{array_job}_{task}" if array_job and task and task.isdigit() else str(numeric)
+    state, flags = split_state(fields.get("JobState", "UNKNOWN"), JOB_BASE_STATES)
+    try:
+        submit = int(_time.mktime(_time.strptime(fields.get("SubmitTime", ""), _TIME_FORMAT)))
+    except ValueError:
+        submit = None
+    user = fields.get("UserId", "")
+    restarts = fields.get("Restarts", "0")
+    return Job(job_id=job_id, numeric_id=numeric, name=fields.get("JobName", ""),
+               state=state, state_flags=flags,
+               restart_count=int(restarts) if restarts.isdigit() else 0,
+               submit_time=submit, user=user.split("(", 1)[0],
+               nodes=expand_nodes(fields.get("NodeList")),
+               array_job_id=int(array_job) if array_job and array_job.isdigit() else None,
+               array_task_id=int(task) if task and task.isdigit() else None)

@@ -16,7 +16,7 @@ import logging
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import JobNotFound, NodeNotFound, SchedulerError
-from .base import Job, Node, Probe
+from .base import Job, ListingCheck, Node, Probe
 from .cli_parse import expand_nodes
 
 log = logging.getLogger(__name__)
@@ -196,6 +196,15 @@ class PyslurmScheduler:
 
     def __init__(self) -> None:
         self._module: Any = None
+        self.listings = ListingCheck()
+
+    def lookup_job(self, job_id: str) -> Job:
+        """A targeted query for one job (Job.load, one RPC): what confirms that a
+        job a listing lacks is gone. Array tasks are not looked up this way (it
+        would list every job): JobNotFound."""
+        if not str(job_id).isdigit():
+            raise _job_not_found(job_id)
+        return self.get_job(job_id)
 
     def _pyslurm(self) -> Any:
         """Import pyslurm on first use (importing it also runs slurm_init)."""
@@ -261,6 +270,7 @@ class PyslurmScheduler:
         loaded = self._call(["pyslurm", "Jobs.load"], ps.Jobs.load)
         # pyslurm/xcollections.pyx: the collection's values() walks every cluster's jobs
         jobs = [job_from_pyslurm(obj) for obj in loaded.values()]
+        self.listings.check(jobs, self.lookup_job)
         if job_ids is None:
             return jobs
         wanted = {str(j) for j in job_ids}

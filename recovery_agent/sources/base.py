@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.parse
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -462,6 +462,7 @@ class LogLine:
     host: str | None = None
     stream: str = ""
     ns: int = 0
+    feed: str = ""      # "job": the job's own output (user-written); "nodes": node logs
 
 
 @dataclass
@@ -721,7 +722,7 @@ class LogSource:
                 failed = True
                 break
             self.cursors.put(key, read.cursor)
-            result.lines.extend(read.lines)
+            result.lines.extend(replace(line, feed=feed) for line in read.lines)
             result.pages += read.pages
             result.more |= read.more
             result.truncated |= read.truncated

@@ -8,6 +8,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
+import socket
 import sqlite3
 import threading
 import time
@@ -19,9 +21,10 @@ from sqlite_utils.db import NotFoundError
 
 from ..errors import StoreError
 from ..scheduler.base import Job
+from . import files
 from .migrations import MIGRATIONS, applied, migrate
 
-__all__ = ["Store", "StoreLock", "MIGRATIONS", "OPEN_STATUSES", "FINAL_STATUSES"]
+__all__ = ["Store", "StoreLock", "MIGRATIONS", "OPEN_STATUSES", "FINAL_STATUSES", "same_job"]
 
 # The recommendation lifecycle (DESIGN.md): proposed -> executing -> a final status.
 OPEN_STATUSES = ("proposed", "executing")
@@ -35,26 +38,57 @@ def _dumps(value: Any) -> str:
 
 
 class Store:
-    """Open (creating and migrating as needed) the store at ``path``."""
+    """Open (creating and migrating as needed) the store at ``path``.
 
-    def __init__(self, path: str | Path) -> None:
+    A new store file is made 0600 (see :mod:`.files`); an empty or damaged
+    one is refused. ``readonly``: open it with SQLite's ``mode=ro``, creating
+    and migrating nothing (a store with migrations pending is refused, as this
+    code could misread it). ``check``: run a bounded ``PRAGMA quick_check``
+    before anything else (the agent does, at start)."""
+
+    def __init__(self, path: str | Path, readonly: bool = False, check: bool = False) -> None:
         self.path = Path(path)
+        self.readonly = readonly
+        # one connection shared by the API threads and the watch loop: every
+        # multi-statement write holds this lock so transactions never interleave
+        self.lock = threading.RLock()
+        # how the agent's loops fare with this store, in memory (a store that
+        # cannot be written cannot record that it cannot be written)
+        self.health: dict = {"error": None, "errors": 0}
+        self.migrations_run: list[str] = []
+        conn = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
+            conn = files.connect(self.path, readonly, self.health)
             self.db = Database(conn)
-            # one connection shared by the API threads and the watch loop: every
-            # multi-statement write holds this lock so transactions never interleave
-            self.lock = threading.RLock()
-            # how the agent's loops fare with this store, in memory (a store that
-            # cannot be written cannot record that it cannot be written)
-            self.health: dict = {"error": None, "errors": 0}
-            self.db.enable_wal()
+            if check:
+                files.quick_check(conn, self.path)
             self.db.execute("PRAGMA foreign_keys = ON")
+            if readonly:
+                self._refuse_pending()
+                return
+            self.db.enable_wal()
             self.db.execute("PRAGMA synchronous = NORMAL")
             self.migrations_run = migrate(self.db)
-        except (sqlite3.Error, OSError) as exc:
-            raise StoreError(f"cannot open store {self.path}: {exc}") from None
+        except (sqlite3.Error, OSError, StoreError) as exc:
+            if conn is not None:
+                conn.close()
+            if isinstance(exc, StoreError):
+                raise
+            raise files.explain(self.path, exc) from None
+
+    def _refuse_pending(self) -> None:
+        done = set(applied(self.db))
+        pending = [name for name, _ in MIGRATIONS if name not in done]
+        if pending:
+            raise StoreError(f"the store {self.path} predates this version: migrations "
+                             f"{', '.join(pending)} are pending, and a read-only open "
+                             "applies none. The agent applies them when it starts (or "
+                             "run the package's store-upgrade as the agent's user)")
+
+    def tighten(self) -> list[str]:
+        """Make the store's files private (0600) where they are looser; one line
+        per file changed (the agent logs them at start)."""
+        return files.tighten(self.path)
 
     def close(self) -> None:
         self.db.close()
@@ -129,14 +163,7 @@ class Store:
                                                limit=1))
         if not rows:
             return None
-        last = rows[0]
-        if not last["submit_time"]:
-            return last
-        same = (job.restart_count > 0 and last["submit_time"] <= submit
-                and (last["restart_count"] or 0) <= job.restart_count
-                and (not job.user or not last["user"] or job.user == last["user"])
-                and (not job.name or not last["name"] or job.name == last["name"]))
-        return last if same else None
+        return rows[0] if same_job(rows[0], job) else None
 
     def _job_row(self, cluster: str, job_id: str, submit_time: int) -> dict | None:
         rows = list(self.db["jobs"].rows_where(
@@ -170,7 +197,8 @@ class Store:
         cur.row_factory = sqlite3.Row
         marks = ",".join("?" * len(states))
         return cur.execute(
-            "select id, cluster, job_id, state, last_seen, restart_count, env, mode, spec "
+            "select id, cluster, job_id, submit_time, user, name, state, last_seen, "
+            "restart_count, env, mode, spec "
             f"from jobs where cluster = ? and (state not in ({marks}) or last_seen is null "
             "or last_seen >= ?) order by id", [cluster, *states, since]).fetchall()
 
@@ -214,6 +242,16 @@ class Store:
             "job": job_pk, "attempt": attempt, "ts": ts or time.time(), "kind": kind,
             "source": source, "message": message, "data": _dumps(data) if data else None,
         }).last_pk
+
+    def note_invalid_spec(self, job_pk: int, raw: str, problem: str, attempt: int | None,
+                          source: str) -> bool:
+        """Put a job's invalid recovery spec on its timeline, once per job (every
+        hook report and the poll see the same spec); True when written now."""
+        if self.db["events"].count_where("job = ? and kind = 'spec_invalid'", [job_pk]):
+            return False
+        self.add_event(job_pk, "spec_invalid", f"invalid recovery spec {raw[:80]!r}: "
+                       f"{problem}; monitoring only", attempt=attempt, source=source)
+        return True
 
     def timeline(self, job_pk: int) -> Iterator[dict]:
         for row in self.db["events"].rows_where("job = ?", [job_pk], order_by="ts, id"):
@@ -286,6 +324,18 @@ class Store:
             "job = ? and attempt = ? and scope = 'job'", [job_pk, attempt], limit=1))
         return self.decode_rec(rows[0]) if rows else None
 
+    def open_twin(self, rec: Mapping[str, Any]) -> int | None:
+        """An older open job recommendation for the same Slurm job (cluster, job
+        id, submit time) and attempt as ``rec``, in action mode, if any: two
+        must never act on one failure."""
+        rows = list(self.db["recommendations"].rows_where(
+            "scope = 'job' and mode = 'action' and id < ? and cluster = ? and job_id = ? "
+            "and restart_at = ? and coalesce(submit_time, 0) = ? and status in "
+            "('proposed', 'executing')",
+            [rec["id"], rec["cluster"], rec["job_id"], rec["restart_at"],
+             rec["submit_time"] or 0], order_by="id", limit=1))
+        return rows[0]["id"] if rows else None
+
     def update_rec(self, pk: int, **values: Any) -> None:
         for key in _REC_JSON:
             if key in values and not isinstance(values[key], str):
@@ -293,11 +343,12 @@ class Store:
         values["updated"] = time.time()
         self.db["recommendations"].update(pk, values)
 
-    def add_step(self, rec: int, step: str, state: str, detail: str = "") -> None:
+    def add_step(self, rec: int, step: str, state: str, detail: str = "",
+                 ts: float | None = None) -> None:
         """Record one execution step as it happens (before and after each Slurm call)."""
         with self.lock, self.db.atomic():
             self.db["rec_steps"].insert({"rec": rec, "step": step, "state": state,
-                                         "ts": time.time(), "detail": detail[:2000]})
+                                         "ts": ts or time.time(), "detail": detail[:2000]})
 
     def steps(self, rec: int) -> list[dict]:
         return list(self.db["rec_steps"].rows_where("rec = ?", [rec], order_by="id"))
@@ -332,6 +383,30 @@ class Store:
         rows = list(self.db["agent_state"].rows_where("key = ?", [key], limit=1))
         return json.loads(rows[0]["value"]) if rows else default
 
+    # -- which agent acts on this store ------------------------------------
+    def claim(self, fresh_within: float) -> str:
+        """Take the store for this process and return its claim token. Refused
+        (StoreError) while another agent's heartbeat is fresh: it runs, reaching
+        the same file by another path (a hard link, a bind mount, another host)
+        that the lock file cannot see. A dead agent's claim on this host is
+        taken over at once."""
+        me = {"pid": os.getpid(), "host": socket.gethostname()}
+        owner = self.get_state(CLAIM) or {}
+        beat = (self.get_state("heartbeat") or {}).get("time") or 0
+        other = (owner.get("pid"), owner.get("host")) != (me["pid"], me["host"])
+        if owner and other and time.time() - beat < fresh_within and _may_live(owner):
+            raise StoreError(
+                f"another recovery-agent (pid {owner.get('pid')} on {owner.get('host')}) "
+                f"uses the store {self.path} (heartbeat {time.time() - beat:.0f}s ago), "
+                "through another path to the same file; stop it first")
+        token = secrets.token_hex(8)
+        self.set_state(CLAIM, {**me, "token": token, "since": time.time()})
+        return token
+
+    def claimed_by(self, token: str) -> bool:
+        """Does the claim ``token`` still hold (no later agent took the store)?"""
+        return (self.get_state(CLAIM) or {}).get("token") == token
+
     # -- log cursors -------------------------------------------------------
     def log_cursors(self) -> dict[str, tuple[int, int, int]]:
         """Where the log tailer stopped: {path: (inode, offset, lineno)}."""
@@ -361,12 +436,61 @@ class Store:
             raise StoreError(f"cannot forget log cursors: {exc}") from None
 
 
+CLAIM = "agent_claim"   # agent_state key: which agent process acts on this store
+
+
+def _may_live(owner: Mapping[str, Any]) -> bool:
+    """Could the agent that made this claim still run? On this host its pid
+    must be alive; of another host only its heartbeat tells."""
+    if owner.get("host") != socket.gethostname():
+        return True
+    try:
+        pid = int(owner.get("pid") or 0)
+        if pid <= 0:
+            return False
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    try:   # a pid reused by some other program is no agent
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"recovery" in fh.read()
+    except OSError:
+        return True
+
+
+def same_job(row: Mapping[str, Any], job: Job) -> bool:
+    """Is ``job`` (as Slurm lists it now) the job stored in ``row``?
+
+    The key is (cluster, job id, submit time of the first attempt). Slurm gives
+    a requeued job a new submit time, so a later submit time is still the same
+    job when its restart count went up (never down) and its user and name,
+    where both are known, agree. A job id reused after a slurmctld state reset
+    starts again at restart count 0 with another submit time: never the same.
+    A row stored before its submit time was known (0) is the same job while
+    the user agrees."""
+    stored = row["submit_time"] or 0
+    submit = job.submit_time or 0
+    if not stored or not submit:
+        return _agree(row["user"], job.user)
+    if stored == submit:
+        return True
+    return (job.restart_count > 0 and stored <= submit
+            and (row["restart_count"] or 0) <= job.restart_count
+            and _agree(row["user"], job.user) and _agree(row["name"], job.name))
+
+
+def _agree(stored: str | None, listed: str | None) -> bool:
+    return not stored or not listed or stored == listed
+
+
 class StoreLock:
     """An exclusive lock beside the store file (``<store>.lock``): one agent
     per store. The kernel drops it when the holder dies, even by SIGKILL."""
 
     def __init__(self, store_path: str | Path) -> None:
-        self.path = Path(f"{store_path}.lock")
+        # beside the file itself: two paths to one store (a symlink, a symlinked
+        # directory) must meet at one lock
+        self.path = Path(f"{os.path.realpath(store_path)}.lock")
         self.fd: int | None = None
 
     def acquire(self) -> None:
@@ -380,9 +504,12 @@ class StoreLock:
             os.close(fd)
             raise StoreError(f"another recovery-agent (pid {holder}) already uses the store "
                              f"{str(self.path)[:-5]}; stop it first") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.fd = fd
+        try:   # the holder's pid, for the message above; a full disk may refuse it
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass
 
     def held_elsewhere(self) -> bool:
         """True when some live process holds the lock (this one does not take it)."""
@@ -396,6 +523,20 @@ class StoreLock:
         finally:
             os.close(fd)
         return False
+
+    def lost(self) -> str:
+        """Why this process no longer holds the lock ("" while it does): the lock
+        file was removed or replaced, so another process may have locked a new
+        one."""
+        if self.fd is None:
+            return "the store lock is not held"
+        try:
+            here, now = os.fstat(self.fd), os.stat(self.path)
+        except OSError as exc:
+            return f"the store lock {self.path} is gone ({exc.strerror})"
+        if (here.st_dev, here.st_ino) != (now.st_dev, now.st_ino):
+            return f"the store lock {self.path} was replaced"
+        return ""
 
     def release(self) -> None:
         if self.fd is not None:

@@ -132,12 +132,42 @@ def m005_decide_and_act(db: Database) -> None:
     db["agent_state"].create({"key": str, "value": str, "updated": float}, pk="key")
 
 
+def m006_late_reports(db: Database) -> None:
+    """Reports replayed from a node's spool: ``late``, when they were spooled
+    and how they came (the hooks' ``delivery`` object); whether their attempt
+    had its verdict already when they arrived (``after_verdict``), and when
+    their fatal XIDs were then counted against the node (``counted_at``)."""
+    table = db["node_reports"]
+    table.add_column("late", int, not_null_default=0)
+    table.add_column("spooled_at", float)
+    table.add_column("delivery", str)
+    table.add_column("after_verdict", int, not_null_default=0)
+    table.add_column("counted_at", float)
+    db.execute("create index node_reports_uncounted on node_reports (id) "
+               "where after_verdict = 1 and counted_at is null")
+
+
+def m007_drain_records(db: Database) -> None:
+    """What makes a drain ours: the recommendation that made it and the reason,
+    user and time Slurm showed right after (``scontrol show node``'s Reason=,
+    its user and timestamp). A drain is ours while Slurm still shows exactly
+    that; a human who drains the node again, whatever the wording, changes the
+    timestamp."""
+    table = db["nodes"]
+    table.add_column("drain_rec", int)
+    table.add_column("drain_slurm_reason", str)
+    table.add_column("drain_slurm_user", str)
+    table.add_column("drain_slurm_time", int)
+
+
 MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("001_initial", m001_initial),
     ("002_node_reports", m002_node_reports),
     ("003_log_cursors", m003_log_cursors),
     ("004_attempt_checkpoints", m004_attempt_checkpoints),
     ("005_decide_and_act", m005_decide_and_act),
+    ("006_late_reports", m006_late_reports),
+    ("007_drain_records", m007_drain_records),
 ]
 
 

@@ -1,6 +1,8 @@
-"""Tailer benchmark (issue 4): agent CPU per wall second while tailing 2,000 active logs.
+"""Tailer benchmark (issue 4): agent CPU per wall second while tailing 2,000 active logs;
+and (issue 14) the cost of reading with the job user's rights, and log floods.
 
     python -m tests.benchmarks.bench_tail [--files 2000] [--seconds 20] [--intervals 1,0.25]
+        [--no-flood | --flood [--baseline REV] [--burst-lines 300000] [--end-mb 330]]
 
 A writer process appends training-like output to every file: on average one
 line per second per file (2,000 lines/s in all), with bursts (NCCL INFO blocks,
@@ -11,29 +13,42 @@ spent in ``poll()``, divided by wall seconds; RSS and open descriptors are read
 from /proc at the end. Readers:
 
 * the Tailer with the default 256 descriptors (most files are reopened each poll),
+* the same, each file added with its user's rights (``tailer-256-user``: walked
+  from ``/`` with those rights, looked at by ``fstatat`` in its kept directory),
 * the Tailer allowed a descriptor per file,
 * the baseline: a loop that stats every file and reads new bytes with
   ``open``/``seek``/``read``, splitting lines, nothing more.
 
 Lag is the time from the writer stamping a line (``ts=`` at its end) to the
 poll that returned it. Nothing here asserts a time.
+
+``--flood`` runs the whole watch loop (Watcher, scanner, detectors; a script
+stands in for squeue) on one job whose output floods, once with the code of
+``--baseline`` (a git revision, extracted with ``git archive``) and once with this
+checkout, one after the other in fresh processes, and prints both with their
+ratio: the delay from an error line written right after a burst of
+``--burst-lines`` lines at ``--burst-rate`` lines/s to its detection; then, for a
+job that ends after writing ``--end-mb`` MB at once, the longest watch cycle (the
+read of its last output) and the reader's peak RSS.
 """
 from __future__ import annotations
 
 import argparse
 import heapq
+import json
 import multiprocessing
 import os
 import random
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from recovery_agent.logs import LogLine, Tailer
+REPO = Path(__file__).resolve().parents[2]
 
 BURST_P = 0.05     # share of writes that are a burst of lines
 SPLIT_P = 0.05     # share of lines written in two pieces
@@ -152,7 +167,7 @@ class NaiveReader:
 
 
 def line_text(item) -> str:
-    return item.text if isinstance(item, LogLine) else item[1]
+    return item[1] if isinstance(item, tuple) and len(item) == 2 else item.text
 
 
 def read_logs(reader_name: str, folder: str, nfiles: int, start: float, seconds: float,
@@ -160,13 +175,15 @@ def read_logs(reader_name: str, folder: str, nfiles: int, start: float, seconds:
     """From wall time ``start``, poll every ``interval`` seconds for ``seconds``;
     send the figures back."""
     raise_fd_limit(nfiles)
+    from recovery_agent.logs import Rights, Tailer
     paths = [os.path.join(folder, f"slurm-7000_{i}.out") for i in range(nfiles)]
     if reader_name == "naive":
         reader = NaiveReader(paths)
     else:
-        reader = Tailer(max_open=256 if reader_name == "tailer-256" else nfiles + 16)
+        reader = Tailer(max_open=nfiles + 16 if reader_name == "tailer-all" else 256)
+        rights = Rights.of(os.getuid(), os.getgid()) if reader_name.endswith("-user") else None
         for i, path in enumerate(paths):
-            reader.add(path, f"7000_{i}")
+            reader.add(path, f"7000_{i}", rights=rights)
     cpu = 0.0
     polls = delivered = 0
     lags: list[float] = []
@@ -202,7 +219,7 @@ def read_logs(reader_name: str, folder: str, nfiles: int, start: float, seconds:
     })
 
 
-READERS = ("naive", "tailer-256", "tailer-all")
+READERS = ("naive", "tailer-256", "tailer-256-user", "tailer-all")
 
 
 def run_interval(ctx, nfiles: int, seconds: float, interval: float, seed: int) -> list[dict]:
@@ -234,13 +251,186 @@ def run_interval(ctx, nfiles: int, seconds: float, interval: float, seed: int) -
         shutil.rmtree(folder, ignore_errors=True)
 
 
+# -- floods (issue 14) ---------------------------------------------------------
+
+FLOOD_LINE = ("gpu-a03:3110:3311 [2] NCCL INFO Channel 07/0 : 12[2] -> 13[3] [send] via "
+              "NET/IB/3/GDRDMA comm 0x55d1")
+BURST_END = "RuntimeError: CUDA error: an illegal memory access was encountered"
+FLOOD_END = "srun: error: gpu-a05: task 3: Segmentation fault (core dumped)"
+CYCLE_S = 2.0
+
+
+def _hwm_mib() -> float:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) / 1024
+
+
+def _flood_writer(path: str, lines: int, rate: float, conn) -> None:
+    """``lines`` flood lines at ``rate`` lines/s (1,000 a write), then the error
+    line; sends the time the error line was written."""
+    block = ("".join(f"{FLOOD_LINE} seq={i}\n" for i in range(1000))).encode()
+    with open(path, "ab", buffering=0) as fh:
+        start = time.monotonic()
+        for k in range(lines // 1000):
+            time.sleep(max(0.0, start + k * 1000 / rate - time.monotonic()))
+            fh.write(block)
+        fh.write(f"{BURST_END}\n".encode())
+        conn.send(time.time())
+
+
+def flood_reader(opts: dict) -> dict:
+    """The watch loop of whatever recovery_agent is importable, on one flooded job."""
+    from recovery_agent.config import from_mapping
+    from recovery_agent.detect.patterns import load_rules
+    from recovery_agent.detect.scanner import Scanner
+    from recovery_agent.logs.tail import MemoryCursorStore, Tailer
+    from recovery_agent.scheduler.base import Job
+    from recovery_agent.store import Store
+    from recovery_agent.watch import Watcher
+
+    class Listing:
+        jobs: list = []
+
+        def list_jobs(self, job_ids=None):
+            return list(self.jobs)
+
+    tmp = Path(tempfile.mkdtemp(prefix="recovery-bench-flood-"))
+    try:
+        out = tmp / "flood.out"
+        out.write_text("step 1 loss 2.0\n")
+        job = dict(job_id="9", numeric_id=9, submit_time=int(time.time()) - 60,
+                   start_time=int(time.time()) - 50, nodes=("gpu-a05",), comment="recovery=prod",
+                   stdout=str(out), stderr=str(out), user_id=os.getuid(), group_id=os.getgid())
+        listing = Listing()
+        listing.jobs = [Job(state="RUNNING", **job)]
+        store = Store(tmp / "r.db")
+        watcher = Watcher(from_mapping({"agent": {"cluster": "b"}}), store, listing,
+                          Scanner(load_rules()), Tailer(MemoryCursorStore()))
+        watcher.cycle()
+
+        def found(text: str) -> bool:
+            return any(text in e.text for w in watcher.watches.values() for d in w.found
+                       for e in d.evidence) or any(
+                text in e.text for w, _, _ in watcher.closing for d in w.found
+                for e in d.evidence)
+
+        # a burst, then an error line: how long until it is detected
+        recv, send = multiprocessing.Pipe(duplex=False)
+        writer = multiprocessing.Process(target=_flood_writer, args=(
+            str(out), opts["burst_lines"], opts["burst_rate"], send))
+        writer.start()
+        written, delay = None, None
+        deadline = time.monotonic() + opts["max_wait"]
+        while time.monotonic() < deadline:
+            begun = time.monotonic()
+            watcher.cycle()
+            if written is None and recv.poll():
+                written = recv.recv()
+            if written is not None and found(BURST_END):
+                delay = time.time() - written
+                break
+            time.sleep(max(0.0, CYCLE_S - (time.monotonic() - begun)))
+        writer.join()
+        burst_hwm = _hwm_mib()
+        # a job that writes a flood at once and ends: its last cycle reads it
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        with open(out, "ab") as fh:
+            block = ("".join(f"{FLOOD_LINE} end={i}\n" for i in range(10_000))).encode()
+            for _ in range(int(opts["end_mb"] * 1e6) // len(block)):
+                fh.write(block)
+            fh.write(f"{FLOOD_END}\n".encode())
+        rss_before = _hwm_mib()
+        listing.jobs = [Job(state="FAILED", exit_code=1, end_time=int(time.time()), **job)]
+        begun = time.monotonic()
+        watcher.cycle()
+        stall = time.monotonic() - begun
+        return {"delay_s": delay, "burst_hwm_mib": burst_hwm, "end_stall_s": stall,
+                "end_rss_before_mib": rss_before, "end_hwm_mib": _hwm_mib(),
+                "end_found": found(FLOOD_END),
+                "skipped_mb": store.health.get("log_bytes_skipped", 0) / 1e6}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _code_of(rev: str, into: Path) -> Path:
+    """The agent's code at git revision ``rev``, extracted under ``into``."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "recovery_agent",
+                              "slurm_hooks", "etc"], capture_output=True, check=True,
+                             timeout=120).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True, timeout=120)
+    return into
+
+
+def run_flood(args) -> str:
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="recovery-bench-base-") as base:
+        for name, code in (("before", _code_of(args.baseline, Path(base))), ("after", REPO)):
+            print(f"flood, {name} ({code}) ...", file=sys.stderr)
+            opts = {"burst_lines": args.burst_lines, "burst_rate": args.burst_rate,
+                    "end_mb": args.end_mb, "max_wait": args.max_wait}
+            proc = subprocess.run(
+                [sys.executable, "-m", "tests.benchmarks.bench_tail", "--flood-reader",
+                 json.dumps(opts)], capture_output=True, text=True, check=True, cwd=code,
+                env=dict(os.environ, PYTHONPATH=f"{code}:{REPO}"), timeout=3600)
+            rows[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    before, after = rows["before"], rows["after"]
+
+    def show(value, unit="") -> str:
+        return f">{args.max_wait:.0f} s" if value is None else f"{value:.1f}{unit}"
+
+    def ratio(key: str) -> str:
+        b, a = before[key], after[key]
+        if not b or not a:
+            return "n/a"
+        return f"{a / b:.2f}x" if a / b >= 0.1 else f"{a / b:.3f}x"
+    lines = ["## Log floods (issue 14)", "",
+             f"One job, the whole watch loop (poll every {CYCLE_S:g} s). Burst: "
+             f"{args.burst_lines:,} lines ({args.burst_lines * 105 / 1e6:.0f} MB) at "
+             f"{args.burst_rate:,.0f} lines/s, then an error line. End: {args.end_mb:g} MB "
+             f"written at once, then the job ends. before: `{args.baseline}`; after: this "
+             f"checkout; one after the other, os.cpu_count() = {os.cpu_count()}.", "",
+             "| figure | before | after | after / before |", "|---|---|---|---|",
+             f"| error line after the burst detected in | {show(before['delay_s'], ' s')} | "
+             f"{show(after['delay_s'], ' s')} | {ratio('delay_s')} |",
+             f"| peak RSS during the burst | {before['burst_hwm_mib']:.0f} MiB | "
+             f"{after['burst_hwm_mib']:.0f} MiB | {ratio('burst_hwm_mib')} |",
+             f"| the job's last cycle (reads its end) | {before['end_stall_s']:.1f} s | "
+             f"{after['end_stall_s']:.1f} s | {ratio('end_stall_s')} |",
+             f"| peak RSS in that cycle | {before['end_hwm_mib']:.0f} MiB | "
+             f"{after['end_hwm_mib']:.0f} MiB | {ratio('end_hwm_mib')} |",
+             f"| its last line detected | {before['end_found']} | {after['end_found']} | |",
+             f"| MB skipped (on the timeline) | {before['skipped_mb']:.0f} | "
+             f"{after['skipped_mb']:.0f} | |"]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--files", type=int, default=2000)
     parser.add_argument("--seconds", type=float, default=20.0, help="per reader and interval")
     parser.add_argument("--intervals", default="1,0.25", help="poll intervals in seconds")
     parser.add_argument("--out", type=Path, default=None, help="also write Markdown here")
+    parser.add_argument("--flood", action="store_true", help="only the flood benchmark")
+    parser.add_argument("--no-flood", action="store_true", help="only the tailing readers")
+    parser.add_argument("--baseline", default="ab1d87c",
+                        help="git revision the flood figures are compared with")
+    parser.add_argument("--burst-lines", type=int, default=300_000)
+    parser.add_argument("--burst-rate", type=float, default=100_000.0)
+    parser.add_argument("--end-mb", type=float, default=330.0)
+    parser.add_argument("--max-wait", type=float, default=180.0,
+                        help="give up waiting for the burst's error line after this")
+    parser.add_argument("--flood-reader", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.flood_reader:
+        print(json.dumps(flood_reader(json.loads(args.flood_reader))))
+        return
+    if args.flood:
+        text = run_flood(args)
+        print(text)
+        if args.out:
+            args.out.write_text(text)
+        return
     ctx = multiprocessing.get_context("spawn")
     rows = []
     for interval in [float(x) for x in args.intervals.split(",")]:
@@ -262,9 +452,19 @@ def main() -> None:
             f"{row['cpu_per_s'] / naive['cpu_per_s']:.2f}x | {row['ms_per_poll']:.1f} | "
             f"{row['lines_per_s']:.0f} | {row['lag_p50']:.2f} s | {row['lag_max']:.2f} s | "
             f"{row['open_handles']} | {row['rss_mib']:.0f} |")
+    for interval in sorted({row["interval"] for row in rows}, reverse=True):
+        plain, user = (next(r for r in rows if r["interval"] == interval and r["reader"] == n)
+                       for n in ("tailer-256", "tailer-256-user"))
+        lines.append("")
+        lines.append(f"Every {interval:g} s, reading with the user's rights costs "
+                     f"{user['cpu_per_s'] / plain['cpu_per_s']:.2f}x the CPU of reading "
+                     "as the agent (tailer-256-user / tailer-256).")
     lines += ["", "naive: stat + open/seek/read per changed file each poll; tailer-256: the "
-              "default descriptor limit; tailer-all: one descriptor per file."]
+              "default descriptor limit; tailer-256-user: the same, each file read with "
+              "its user's rights; tailer-all: one descriptor per file."]
     text = "\n".join(lines) + "\n"
+    if not args.no_flood:
+        text += "\n" + run_flood(args)
     print(text)
     if args.out:
         args.out.write_text(text)

@@ -219,10 +219,12 @@ def _assert_reconciled(devcluster, result: dict) -> None:
 
 @pytest.mark.resilience("agent SIGKILLed at a random point, 3 times in a row, under load",
                         "every recommendation reconciles; one requeue per decision; no job "
-                        "left held")
+                        "left held", runs=3)
 def test_agent_killed_three_times_under_load(devcluster, submit, tmp_path, cleanup,
-                                             record_property):
-    result = _kill_loop(devcluster, submit, tmp_path, cleanup, kills=3, seed=3)
+                                             record_property, resilience_run):
+    # each repetition kills at other points (the seed moves with the repetition)
+    result = _kill_loop(devcluster, submit, tmp_path, cleanup, kills=3,
+                        seed=3 + 1000 * (resilience_run - 1))
     record_property("runs", 3)
     _assert_reconciled(devcluster, result)
 
@@ -231,9 +233,10 @@ def test_agent_killed_three_times_under_load(devcluster, submit, tmp_path, clean
 @pytest.mark.timeout(1200)
 @pytest.mark.resilience("agent SIGKILLed at a random point, 20 times in a row, under load",
                         "every recommendation reconciles; one requeue per decision; no job "
-                        "left held")
+                        "left held", runs=20)
 def test_agent_killed_twenty_times_under_load(devcluster, submit, tmp_path, cleanup,
-                                              record_property):
-    result = _kill_loop(devcluster, submit, tmp_path, cleanup, kills=20, seed=20)
+                                              record_property, resilience_run):
+    result = _kill_loop(devcluster, submit, tmp_path, cleanup, kills=20,
+                        seed=20 + 1000 * (resilience_run - 1))
     record_property("runs", 20)
     _assert_reconciled(devcluster, result)

@@ -14,7 +14,8 @@ from collections import Counter
 
 import pytest
 
-from recovery_agent.actuator import CRASH_ENV, Actuator, drain_reason, ours
+from recovery_agent.actuator import (CRASH_ENV, RESUME_CHECK_INTERVAL, Actuator, drain_reason,
+                                     ours)
 from recovery_agent.config import from_mapping
 from recovery_agent.errors import JobNotFound, NodeNotFound, SchedulerError
 from recovery_agent.notify import Sent
@@ -66,6 +67,8 @@ class FakeSlurm:
         self.crash_before: str | None = None   # raise Killed before the call happens
         self.crash_after: str | None = None    # raise Killed after it took effect
         self.get_job_fails = 0                 # get_job raises SchedulerError this often
+        self.lookups = 0                       # targeted lookups (scontrol show job -o)
+        self.lookup_fails = 0                  # ... that raise SchedulerError this often
         self.report_requeue_flag = True        # False: listings always say no-requeue
 
     # -- reads
@@ -102,10 +105,21 @@ class FakeSlurm:
             raise JobNotFound(f"job {job_id} not found")
         return self.as_job()
 
+    def lookup_job(self, job_id: str) -> Job:
+        """``scontrol show job -o``: the targeted query, counted on its own."""
+        self.lookups += 1
+        if self.lookup_fails:
+            self.lookup_fails -= 1
+            raise SchedulerError("scontrol show job timed out", ["scontrol", "show", "job"])
+        if self.job is None or job_id != JOB_ID:
+            raise JobNotFound(f"job {job_id} not found")
+        return self.as_job()
+
     def _node(self, name: str) -> Node:
         n = self.nodes[name]
         return Node(name=name, state=n["state"], flags=frozenset(n["flags"]),
-                    reason=n["reason"])
+                    reason=n["reason"], reason_user=n.get("user", ""),
+                    reason_time=n.get("time"))
 
     def list_nodes(self, names=None) -> list[Node]:
         return [self._node(n) for n in self.nodes if names is None or n in names]
@@ -198,7 +212,9 @@ class FakeSlurm:
             if n is None:
                 raise NodeNotFound(f"node {name} not found")
             n["flags"].add("DRAIN")
-            n["reason"] = reason
+            # Slurm stamps who set the reason and when (reason_set_by_user,
+            # reason_changed_at)
+            n.update(reason=reason, user="root", time=self._stamp())
         self._call("drain_node", (name, reason), apply)
 
     def resume_node(self, name: str) -> None:
@@ -213,9 +229,17 @@ class FakeSlurm:
             n["reason"] = ""
         self._call("resume_node", (name,), apply)
 
-    def drain_by_someone_else(self, name: str, reason: str) -> None:
+    def drain_by_someone_else(self, name: str, reason: str, user: str = "admin") -> None:
         self.nodes[name]["flags"].add("DRAIN")
-        self.nodes[name]["reason"] = reason
+        self.nodes[name].update(reason=reason, user=user, time=self._stamp())
+
+    def resume_by_someone_else(self, name: str) -> None:
+        self.nodes[name]["flags"].discard("DRAIN")
+        self.nodes[name].update(reason="", user="", time=None)
+
+    def _stamp(self) -> int:
+        self.stamps = getattr(self, "stamps", SUBMIT) + 7
+        return self.stamps
 
 
 # -- helpers ----------------------------------------------------------------------
@@ -578,7 +602,8 @@ def test_job_vanishing_during_the_requeue_expires(store, clock):
     drive(act, store, rec_id, clock)
     rec = store.rec(rec_id)
     assert rec["status"] == "expired" and "vanished" in rec["error"]
-    assert steps(store, rec_id) == [("requeue_hold", "started"), ("requeue_hold", "failed")]
+    # Slurm answered "no such job": the call did not happen
+    assert steps(store, rec_id) == [("requeue_hold", "started"), ("requeue_hold", "refused")]
     assert store.steps(rec_id)[-1]["detail"] == "not found"
     assert rec["tries"] == 0
 
@@ -983,9 +1008,11 @@ def test_drain_of_a_node_someone_else_drained_is_left_alone(store, clock):
 
 
 def test_drain_already_ours_is_recorded_without_a_call(store, clock):
-    """Crashed after the drain call, before marking it: the reason tells it is ours."""
+    """Crashed after the drain call, before marking it: our call is on record
+    ('started') and Slurm shows its exact reason, so it is ours."""
     slurm = FakeSlurm()
     rec_id = add_node_rec(store, "drain_node", node="gpu3")
+    store.add_step(rec_id, "drain", "started", drain_reason(rec_id, "xid"))
     slurm.drain_by_someone_else("gpu3", drain_reason(rec_id, "xid"))
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     assert store.rec(rec_id)["status"] == "done"
@@ -1023,7 +1050,7 @@ def test_node_vanishing_during_the_drain_fails(store, clock):
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     rec = store.rec(rec_id)
     assert rec["status"] == "failed" and "no longer exists" in rec["error"]
-    assert steps(store, rec_id) == [("drain", "started"), ("drain", "failed")]
+    assert steps(store, rec_id) == [("drain", "started"), ("drain", "refused")]
     assert not (store.node("gpu3") or {}).get("drained_by_us")
 
 
@@ -1188,10 +1215,30 @@ def test_stop_notifies_once(store, clock, monkeypatch):
     slurm = FakeSlurm(state="FAILED")
     rec_id = add_job_rec(store, slurm, action="stop", exclude=(),
                          spec="act:action,notify=https://example.invalid/hook")
-    drive(make_actuator(store, slurm, clock), store, rec_id, clock)
+    cfg = from_mapping({"agent": {"cluster": "c1"},
+                        "environments": {"act": {"notify_allow": "example.invalid"}}})
+    act = Actuator(cfg, store, slurm, clock=lambda: clock[0], mono=lambda: clock[0])
+    drive(act, store, rec_id, clock)
     assert sent == [("https://example.invalid/hook", rec_id)]
     assert ("notify", "ok") in steps(store, rec_id)
     assert store.rec(rec_id)["status"] == "done" and not slurm.calls
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8787/v1/environments/prod/mode",
+                                 "https://example.invalid@127.0.0.1/",
+                                 "https://example.invalid:8443/hook"])
+def test_user_notify_url_outside_notify_allow_is_refused(store, clock, monkeypatch, url):
+    monkeypatch.setattr("recovery_agent.actuator.notify",
+                        lambda *a: pytest.fail("a refused URL was posted to"))
+    slurm = FakeSlurm(state="FAILED")
+    rec_id = add_job_rec(store, slurm, action="stop", exclude=(),
+                         spec=f"act:action,notify={url}")
+    cfg = from_mapping({"agent": {"cluster": "c1"},
+                        "environments": {"act": {"notify_allow": "example.invalid"}}})
+    drive(Actuator(cfg, store, slurm, clock=lambda: clock[0], mono=lambda: clock[0]),
+          store, rec_id, clock)
+    assert ("notify", "refused") in steps(store, rec_id)
+    assert store.rec(rec_id)["status"] == "done"
 
 
 def test_stop_with_an_unparsable_spec_does_not_notify(store, clock, monkeypatch):
@@ -1283,3 +1330,133 @@ def test_drain_budget_survives_a_forward_jump(store, clock):
     assert "max_drains_per_hour" in decider._over_budget("gpu1", clock[0])
     mono[0] += 3600                                # a real hour later: spent
     assert decider._over_budget("gpu1", clock[0]) == ""
+
+
+# -- one failure, one actor (issue 14, finding 1) ---------------------------------
+def test_refused_requeue_is_not_taken_for_ours(store, clock):
+    """A requeue-hold Slurm refused did not happen: when the job is then requeued
+    by someone else, the recommendation does not claim that requeue as done."""
+    slurm = FakeSlurm(state="FAILED")
+    slurm.job.update(requeue_allowed=False)
+    rec_id = add_job_rec(store, slurm)
+    act = make_actuator(store, slurm, clock)
+    real_allow = slurm.allow_requeue
+    slurm.allow_requeue = lambda job_id: None    # Slurm accepts, yet keeps refusing
+    act.run_once()
+    assert steps(store, rec_id)[-1] == ("requeue_hold", "refused")
+    slurm.allow_requeue = real_allow
+    slurm.requeue_by_someone_else()
+    clock[0] += 5
+    drive(act, store, rec_id, clock)
+    rec = store.rec(rec_id)
+    assert rec["status"] == "expired" and "someone else" in rec["error"]
+
+
+def test_second_recommendation_for_one_failure_never_acts(store, clock):
+    slurm = FakeSlurm(state="FAILED")
+    first = add_job_rec(store, slurm)
+    # a second stored row for the same Slurm job (the stale row of finding 1)
+    stale = store.db["jobs"].insert({"cluster": "c1", "job_id": JOB_ID, "submit_time": 1,
+                                     "env": "act", "mode": "action", "spec": "act"}).last_pk
+    second = add_job_rec(store, slurm, job=stale)
+    act = make_actuator(store, slurm, clock)
+    drive(act, store, first, clock)
+    assert store.rec(first)["status"] == "done"
+    rec = store.rec(second)
+    assert rec["status"] == "expired" and f"#{first}" in rec["error"]
+    assert slurm.calls["requeue_hold"] == 1
+    assert [s for s in store.steps(second) if s["state"] == "started"] == []
+
+
+# -- a listing is not evidence that a job is gone (issue 14, finding 5) ---------------
+def test_job_missing_from_the_listing_is_looked_up_before_it_expires(store, clock):
+    slurm = FakeSlurm(state="FAILED")
+    rec_id = add_job_rec(store, slurm)
+    act = make_actuator(store, slurm, clock)
+    real_list = slurm.list_jobs
+    slurm.list_jobs = lambda job_ids=None: []     # a listing that lost the job
+    act.run_once()
+    assert slurm.lookups == 1
+    assert store.rec(rec_id)["status"] in OPEN_STATUSES
+    assert slurm.calls["requeue_hold"] == 1       # it is there: the recovery goes on
+    slurm.lookup_fails = 5                        # and cannot be confirmed: it waits
+    for _ in range(5):
+        clock[0] += 1
+        act.run_once()
+    assert store.rec(rec_id)["status"] in OPEN_STATUSES
+    slurm.list_jobs = real_list
+    drive(act, store, rec_id, clock)
+    assert store.rec(rec_id)["status"] == "done"
+
+
+def test_watchdog_never_lets_go_of_a_hold_it_cannot_see(store, clock):
+    slurm = FakeSlurm(state="FAILED")
+    rec_id = add_job_rec(store, slurm)
+    act = make_actuator(store, slurm, clock, decision_timeout=10.0)
+    act.run_once()                                   # requeue-hold done, job held
+    assert slurm.job["held"]
+    slurm.list_jobs = lambda job_ids=None: []
+    slurm.lookup_fails = 100
+    clock[0] += 60
+    act.watchdog({}, clock[0])
+    rec = store.rec(rec_id)
+    assert rec["status"] not in ("released_by_watchdog", "expired") and rec["held_at"]
+
+
+
+# -- whose drain is it (issue 14, finding 8) -------------------------------------------
+def drained_by_us(store, slurm, clock, node="gpu3") -> int:
+    rec_id = add_node_rec(store, "drain_node", node=node)
+    drive(make_actuator(store, slurm, clock), store, rec_id, clock)
+    assert store.node(node)["drained_by_us"] == 1
+    return rec_id
+
+
+def test_a_human_redrain_with_our_wording_is_not_resumed(store, clock):
+    slurm = FakeSlurm()
+    rec_id = drained_by_us(store, slurm, clock)
+    # a human drains it again and copies our reason, word for word, as root
+    slurm.drain_by_someone_else("gpu3", drain_reason(rec_id, "xid"), user="root")
+    resume = add_node_rec(store, "resume_node", node="gpu3")
+    drive(make_actuator(store, slurm, clock), store, resume, clock)
+    rec = store.rec(resume)
+    assert rec["status"] == "expired" and "someone else" in rec["error"]
+    assert "resume_node" not in slurm.calls
+    assert slurm.get_node("gpu3").drained
+    assert not store.node("gpu3")["drained_by_us"]
+
+
+def test_our_own_drain_is_resumed(store, clock):
+    slurm = FakeSlurm()
+    drained_by_us(store, slurm, clock)
+    resume = add_node_rec(store, "resume_node", node="gpu3")
+    drive(make_actuator(store, slurm, clock), store, resume, clock)
+    assert store.rec(resume)["status"] == "done" and slurm.calls["resume_node"] == 1
+
+
+def test_drain_with_our_wording_is_not_taken_for_ours(store, clock):
+    """Slurm shows "recovery: <this rec> ..." but this recommendation never
+    called: a human typed it. Not ours, never resumed by us."""
+    slurm = FakeSlurm()
+    rec_id = add_node_rec(store, "drain_node", node="gpu3")
+    slurm.drain_by_someone_else("gpu3", drain_reason(rec_id, "xid"))
+    drive(make_actuator(store, slurm, clock), store, rec_id, clock)
+    assert "someone else" in store.rec(rec_id)["error"]
+    assert not (store.node("gpu3") or {}).get("drained_by_us")
+
+
+@pytest.mark.parametrize("human", ["resume", "redrain"])
+def test_nodes_a_human_took_back_leave_the_drain_budget(store, clock, human):
+    """With resume_after = 0 nothing of ours looks at the node again: the
+    periodic check against Slurm still lets go of drains no longer ours."""
+    slurm = FakeSlurm()
+    drained_by_us(store, slurm, clock)
+    if human == "resume":
+        slurm.resume_by_someone_else("gpu3")
+    else:
+        slurm.drain_by_someone_else("gpu3", "admin: fan")
+    act = make_actuator(store, slurm, clock, resume_after=0)
+    clock[0] += RESUME_CHECK_INTERVAL + 1
+    act.run_once()
+    assert not store.node("gpu3")["drained_by_us"]
+    assert "resume_node" not in slurm.calls

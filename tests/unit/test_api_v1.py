@@ -77,19 +77,20 @@ def test_advisor_lifecycle_ack_then_complete(tmp_path):
     listed = client.get("/v1/recommendations",
                         params={"status": "proposed", "mode": "external"}).json()
     assert [r["id"] for r in listed["recommendations"]] == [rec]
-    acked = post(client, f"/v1/recommendations/{rec}/ack", OWNER)
+    # the site controller runs as an admin
+    acked = post(client, f"/v1/recommendations/{rec}/ack", ADMIN)
     assert acked.status_code == 200 and acked.json()["status"] == "executing"
-    again = post(client, f"/v1/recommendations/{rec}/ack", OWNER)
+    again = post(client, f"/v1/recommendations/{rec}/ack", ADMIN)
     assert again.status_code == 409 and "claimed by" in again.json()["detail"]
-    bad = post(client, f"/v1/recommendations/{rec}/complete", OWNER, {"outcome": "maybe"})
+    bad = post(client, f"/v1/recommendations/{rec}/complete", ADMIN, {"outcome": "maybe"})
     assert bad.status_code == 400
-    done = post(client, f"/v1/recommendations/{rec}/complete", OWNER,
+    done = post(client, f"/v1/recommendations/{rec}/complete", ADMIN,
                 {"outcome": "done", "detail": "requeued by the site controller"})
     assert done.status_code == 200 and store.rec(rec)["status"] == "done"
     assert [s["step"] for s in store.steps(rec)] == ["claimed", "completed"]
     audit = [e for e in store.timeline(1) if e["kind"].startswith("api_")]
     assert [e["kind"] for e in audit] == ["api_ack", "api_complete"]
-    assert all(e["data"]["uid"] == OWNER for e in audit)
+    assert all(e["data"]["uid"] == ADMIN for e in audit)
 
 
 def test_users_act_only_on_their_own_jobs(tmp_path):
@@ -109,7 +110,7 @@ def test_stale_recommendation_ack_is_409_and_expires(tmp_path):
     pk = add_job(store)
     rec = add_rec(store, pk)
     add_job(store, restarts=1)              # the job restarted meanwhile
-    answer = post(client, f"/v1/recommendations/{rec}/ack", OWNER)
+    answer = post(client, f"/v1/recommendations/{rec}/ack", ADMIN)
     assert answer.status_code == 409 and "stale" in answer.json()["detail"]
     assert store.rec(rec)["status"] == "expired"
 
@@ -124,7 +125,7 @@ def test_only_external_recommendations_are_claimed(tmp_path):
 def test_expired_claims_are_offered_again(tmp_path):
     _, store, client = make(tmp_path, claim_ttl="1s")
     rec = add_rec(store, add_job(store))
-    assert post(client, f"/v1/recommendations/{rec}/ack", OWNER).status_code == 200
+    assert post(client, f"/v1/recommendations/{rec}/ack", ADMIN).status_code == 200
     with store.lock:
         store.update_rec(rec, claim_expires=time.time() - 1)
     listed = client.get("/v1/recommendations", params={"status": "proposed"}).json()

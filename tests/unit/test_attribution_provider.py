@@ -165,7 +165,7 @@ def test_the_watcher_records_whose_verdict_acted(tmp_path, monkeypatch):
             return list(self.jobs)
     listing = Listing()
     job = dict(job_id="5", numeric_id=5, submit_time=10, start_time=11, comment="recovery=prod",
-               stdout=str(out), nodes=NODES, user="alice", name="t")
+               stdout=str(out), nodes=NODES, user="alice", user_id=0, group_id=0, name="t")
     cfg = from_mapping({"agent": {"cluster": "c1"}})
     store = Store(tmp_path / "r.db")
     provider = prov.Provider("test", lambda b: {"blame": "hardware", "nodes": ["n2"]})

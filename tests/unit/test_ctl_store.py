@@ -6,14 +6,18 @@ import csv
 import io
 import json
 import os
+import shutil
+import sys
+import tempfile
 import threading
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from recovery_agent.ctl import main as ctl
 from recovery_agent.scheduler.base import Job
-from recovery_agent.store import Store
+from recovery_agent.store import MIGRATIONS, Store
 
 
 @pytest.fixture
@@ -125,3 +129,114 @@ def test_verbs_over_http_against_the_agent(env):
         thread.join(10)
     down = run("show", "jobs", "--url", url)
     assert down.exit_code == 1 and "not reachable" in down.output
+
+
+# -- the store as another user sees it (issue 14, findings 6 and 13) -------------------
+
+CTL = str(Path(sys.executable).parent / "recovery-ctl")
+
+
+@pytest.fixture
+def shared(tmp_path):
+    """A config and a store where other users may look (tmp_path is root's own)."""
+    top = Path(tempfile.mkdtemp(prefix="rsec-ctl-"))
+    os.chmod(top, 0o755)
+    config = top / "recovery.toml"
+    config.write_text(f'[agent]\ncluster = "c1"\nstate_dir = "{top}/state"\n'
+                      '[api]\nauth = "none"\nadmin_uids = "0"\nport = 1\n'
+                      '[environments.prod]\nmode = "monitor"\n')
+    os.chmod(config, 0o644)
+    with Store(top / "state" / "recovery.db") as store:
+        job = Job(job_id="4410", numeric_id=4410, submit_time=1000, user="ana", name="llm",
+                  state="FAILED")
+        with store.lock:
+            store.record_job(job, "c1", env="prod", mode="", spec="prod")
+    yield top, config, top / "state" / "recovery.db"
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def ctl_as(user, config, *args):
+    return user.run([CTL, *args], check=False, env={**os.environ, "RECOVERY_CONFIG": str(config)})
+
+
+@pytest.mark.security
+def test_another_user_cannot_read_the_store_and_gets_no_traceback(shared, unix_users):
+    mallory = unix_users("mallory")
+    top, config, db = shared
+    assert oct(os.stat(db).st_mode & 0o777) == "0o600"
+    assert oct(os.stat(db.parent).st_mode & 0o777) == "0o700"
+    for args in (["show", "jobs", "--db", str(db)], ["audit", "--db", str(db)],
+                 ["mode", "prod", "action", "--db", str(db)]):
+        result = ctl_as(mallory, config, *args)
+        assert result.returncode == 1, args
+        assert "Traceback" not in result.stderr + result.stdout
+        assert f"cannot read the store {db}" in result.stderr
+        assert "permission denied" in result.stderr and "0700" in result.stderr
+        assert "ana" not in result.stdout
+
+
+@pytest.mark.security
+def test_a_readable_store_is_read_read_only_and_changes_say_why_not(shared, unix_users):
+    """A store the user may read but not write (an admin group's copy, a
+    read-only mount): reads work without writing a byte, changes fail clearly."""
+    mallory = unix_users("mallory")
+    top, config, db = shared
+    os.chmod(db.parent, 0o755)
+    os.chmod(db, 0o644)
+    before = db.read_bytes()
+    shown = ctl_as(mallory, config, "show", "jobs", "--db", str(db))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[1].split()[:3] == ["4410", "llm", "ana"]
+    changed = ctl_as(mallory, config, "mode", "prod", "action", "--db", str(db))
+    assert changed.returncode == 1 and "Traceback" not in changed.stderr
+    assert f"cannot change the store {db} as uid {mallory.uid}" in changed.stderr
+    assert db.read_bytes() == before
+
+
+def test_a_read_only_open_never_migrates_and_says_so(shared):
+    top, config, db = shared
+    import sqlite3
+    with sqlite3.connect(db) as conn:
+        conn.execute("delete from _migrations where name = (select max(name) from "
+                     "_migrations)")
+    result = CliRunner().invoke(ctl, ["show", "jobs", "--db", str(db)],
+                                env={"RECOVERY_CONFIG": str(config)})
+    assert result.exit_code == 1 and "pending" in result.output
+    assert "Traceback" not in result.output
+    with sqlite3.connect(db) as conn:
+        count = conn.execute("select count(*) from _migrations").fetchone()[0]
+    assert count == len(MIGRATIONS) - 1                  # still pending: nothing applied
+    missing = CliRunner().invoke(ctl, ["show", "jobs", "--db", str(top / "nope.db")],
+                                 env={"RECOVERY_CONFIG": str(config)})
+    assert missing.exit_code == 1 and "no store at" in missing.output
+    assert not (top / "nope.db").exists()
+
+
+def test_reads_fall_back_to_munge_when_the_token_cannot_be_read(env, monkeypatch):
+    """A user cannot read api.read_token_file: the read is munge-signed instead
+    (the agent then answers as that user), not refused."""
+    from slurm_hooks import munge
+    tmp, store, _ = env
+    seen = []
+
+    class Answer:
+        status_code = 200
+
+        @staticmethod
+        def json():
+            return {"jobs": []}
+
+    def request(method, url, headers=None, **kw):
+        seen.append(headers.get("Authorization", ""))
+        return Answer()
+    import requests
+    monkeypatch.setattr(requests, "request", request)
+    monkeypatch.setattr(munge, "sign_body", lambda body, socket="", ttl=0: "CRED")
+    config = tmp / "recovery.toml"
+    config.write_text(config.read_text().replace('auth = "none"', 'auth = "munge"\n'
+                      f'read_token_file = "{tmp}/not-yours"'))
+    result = run("show", "jobs", "--url", "http://127.0.0.1:1")
+    assert result.exit_code == 0 and seen == ["Munge CRED"]
+    (tmp / "not-yours").write_text("tok\n")
+    assert run("show", "jobs", "--url", "http://127.0.0.1:1").exit_code == 0
+    assert seen[-1] == "Bearer tok"

@@ -168,3 +168,151 @@ def test_full_spool_disk_logs_and_does_not_raise(tmp_path, caplog, monkeypatch):
             outcome = deliverer(free_port(), mnt / "spool").deliver("epilog", rid, big)
         assert outcome == "lost"
         assert any("cannot spool" in r.getMessage() for r in caplog.records)
+
+
+# -- finding 11: a replayed report says it is late --------------------------------
+
+def test_a_replayed_report_is_flagged_late(tmp_path):
+    port = free_port()
+    before = time.time()
+    rid, data = body(1)
+    assert deliverer(port, tmp_path).deliver("epilog", rid, data) == "spooled"
+    (path,) = tmp_path.glob("*.json")
+    assert path.name.endswith(f"-epilog-{rid}.t1.json")
+    late = Agent.__new__(Agent)
+    Agent.__init__(late)
+    try:
+        rid2, data2 = body(2, "health")
+        assert deliverer(late.port, tmp_path).deliver("health", rid2, data2) == "sent"
+    finally:
+        late.stop()
+    replayed, fresh = late.received
+    assert replayed["n"] == 1 and "delivery" not in fresh
+    delivery = replayed["delivery"]
+    assert delivery["tries"] == 2 and delivery["by"] == "health"
+    assert before - 1 <= delivery["spooled_at"] <= time.time()
+
+
+def test_failed_replays_are_counted_in_the_file_name(tmp_path):
+    from slurm_hooks.delivery import spool_facts
+    port = free_port()
+    d = deliverer(port, tmp_path)
+    rid, data = body(1)
+    assert d.deliver("epilog", rid, data) == "spooled"
+    for _ in range(2):
+        assert d.replay(by="replayer") == (0, False)
+    (path,) = d.pending()
+    spooled_at, tries = spool_facts(path.name)
+    assert tries == 3 and abs(spooled_at - time.time()) < 60
+    late = Agent.__new__(Agent)
+    Agent.__init__(late)
+    try:
+        assert deliverer(late.port, tmp_path).replay(by="replayer") == (1, True)
+    finally:
+        late.stop()
+    assert late.received[0]["delivery"]["tries"] == 4
+    assert late.received[0]["delivery"]["by"] == "replayer"
+
+
+def test_a_spool_file_from_an_older_hook_still_replays(agent, tmp_path):
+    rid, data = body(1)
+    (tmp_path / f"{1_800_000_000 * 10**9:020d}-epilog-{rid}.json").write_bytes(data)
+    assert deliverer(agent.port, tmp_path).replay() == (1, True)
+    assert agent.received[0]["delivery"] == {"spooled_at": 1_800_000_000.0, "tries": 2,
+                                             "by": "hook"}
+
+
+def test_pauses_retry_the_post_before_spooling(tmp_path):
+    """An agent that fails the first POST (503) takes the retry: nothing spooled."""
+    flaky = Agent()
+    flaky.status = 503
+    threading.Timer(0.2, lambda: setattr(flaky, "status", 201)).start()
+    try:
+        rid, data = body(1)
+        started = time.monotonic()
+        assert deliverer(flaky.port, tmp_path).deliver("epilog", rid, data,
+                                                       pauses=(0.5,)) == "sent"
+        assert time.monotonic() - started < 2
+    finally:
+        flaky.stop()
+    assert [r["n"] for r in flaky.received] == [1] and "delivery" not in flaky.received[0]
+    assert list(tmp_path.glob("*.json")) == []
+
+
+def test_pauses_are_bounded_and_every_try_is_counted(tmp_path):
+    rid, data = body(1)
+    started = time.monotonic()
+    d = deliverer(free_port(), tmp_path)
+    assert d.deliver("epilog", rid, data, pauses=(0.2, 0.3)) == "spooled"
+    assert 0.5 <= time.monotonic() - started < 2
+    (path,) = d.pending()
+    assert path.name.endswith(".t3.json")
+
+
+def test_epilog_reports_replay_before_a_backlog_of_health_reports(agent, tmp_path):
+    d = deliverer(free_port(), tmp_path)
+    for n in range(60):
+        assert d.deliver("health", *body(n, "health")) == "spooled"
+    assert d.deliver("epilog", *body(99, "epilog")) == "spooled"
+    assert deliverer(agent.port, tmp_path).replay() == (50, True)   # one run's budget
+    assert agent.received[0]["n"] == 99
+    assert [r["n"] for r in agent.received[1:4]] == [0, 1, 2]
+
+
+# -- the spool is sent with root's credential: only root may fill it ---------------
+
+def _forged(n: int) -> tuple[str, str]:
+    rid = f"{n:032x}"
+    return (f"{time.time_ns():020d}-epilog-{rid}.t1.json",
+            json.dumps({"hook": "epilog", "report_id": rid, "n": n, "node": "node4",
+                        "xids": [{"xid": 79, "raw": "NVRM: Xid (PCI:0000:28:00): 79"}]}))
+
+
+@pytest.mark.security
+def test_a_users_spool_is_never_replayed_with_roots_credential(agent, unix_users):
+    import shutil
+    import tempfile
+    from pathlib import Path
+    mallory = unix_users("mallory")
+    base = Path(tempfile.mkdtemp(prefix="spool-sec-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        spool = base / "spool"
+        base.chmod(0o777)   # a shared directory where mallory got there first
+        mallory.run(["mkdir", "-m", "777", str(spool)])
+        name, forged = _forged(66)
+        mallory.run(["sh", "-c", 'printf "%s" "$1" > "$2"', "sh", forged, str(spool / name)])
+        victim = base / "victim"          # a root file the planted lock link points at
+        victim.write_text("keep\n")
+        mallory.run(["ln", "-s", str(victim), str(spool / ".replay.lock")])
+        base.chmod(0o755)
+        d = deliverer(agent.port, spool)
+        rid, data = body(1, "health")
+        assert d.deliver("health", rid, data) == "sent"    # its own report still goes
+        assert [r["n"] for r in agent.received] == [1]      # the planted one never
+        assert d.deliver("epilog", *body(2)) == "sent"
+        assert list(spool.glob("*.json")) == [spool / name]  # nor is root's spooled there
+        assert victim.read_text() == "keep\n"                  # the link was not opened
+        # the admin takes the directory back; mallory's file is still hers
+        shutil.chown(spool, "root", "root")
+        spool.chmod(0o755)
+        assert d.replay() == (0, True)      # the planted lock link is not opened either
+        (spool / ".replay.lock").unlink()
+        assert d.replay() == (1, True)                      # out of the spool, unsent
+        assert [r["n"] for r in agent.received] == [1, 2]
+        assert victim.read_text() == "keep\n"
+        assert [p.name for p in (spool / "untrusted").iterdir()] == [name]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_link_in_the_spool_is_not_followed(agent, tmp_path):
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps({"hook": "epilog", "report_id": "f" * 32, "n": 7}))
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o755)
+    link = spool / _forged(7)[0]
+    link.symlink_to(secret)
+    assert deliverer(agent.port, spool).replay() == (1, True)   # it left the spool
+    assert agent.received == []
+    assert (spool / "corrupt" / link.name).is_symlink()

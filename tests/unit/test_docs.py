@@ -148,3 +148,27 @@ def test_relative_links_in_docs_resolve():
                     dest.read_text()):
                 broken.append(f"{page.name}: {target} (no such heading)")
     assert not broken, "broken links in docs/: " + "; ".join(broken)
+
+
+_TEST_REF = re.compile(r"`(tests/[\w/]+\.py)?(::[\w]+(?:\[[^\]`]*\])?)?`")
+
+
+def test_every_test_the_threat_model_names_exists():
+    """docs/security.md names the test that holds each boundary: each must exist
+    (``tests/x.py::test_y``, or ``::test_y`` after a file named before it)."""
+    text = (DOCS / "security.md").read_text()
+    current, missing, named = None, [], 0
+    for match in _TEST_REF.finditer(text):
+        path, name = match.group(1), match.group(2)
+        if path:
+            current = REPO / path
+            if not current.is_file():
+                missing.append(path)
+                continue
+        if name and current is not None and current.is_file():
+            named += 1
+            func = name[2:].split("[", 1)[0]
+            if not re.search(rf"^(?:async )?def {func}\(", current.read_text(), re.M):
+                missing.append(f"{current.relative_to(REPO)}::{func}")
+    assert named >= 40, "the threat model should name its tests"
+    assert not missing, f"docs/security.md names tests that do not exist: {missing}"

@@ -270,3 +270,140 @@ def test_black_holed_agent_spools_then_replays(node, configure):
         server.shutdown()
     assert [r["hook"] for r in got] == ["prolog", "epilog"]   # the old one first
     assert spooled(node) == []
+
+
+# -- finding 11: a failed job's epilog tries harder, and its spool is replayed soon ---
+
+class LateAgent:
+    """An HTTP agent that starts listening on ``port`` only when told to."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.got: list[dict] = []
+        self.server = None
+
+    def start(self) -> None:
+        import http.server
+        import threading
+        got = self.got
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body["signed"] = self.headers.get("Authorization", "").startswith("Munge ")
+                got.append(body)
+                self.send_response(201)
+                self.end_headers()
+                self.wfile.write(b'{"ok": true}')
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def munge_socket(tmp_path_factory):
+    """A private munged, so that the hooks' reports are really signed (the
+    detached replayer signs as every hook does)."""
+    import os
+    import shutil
+    import time
+    exe = shutil.which("munged") or "/usr/sbin/munged"
+    assert Path(exe).exists(), "munged is needed (apt-get install munge; make deps)"
+    root = tmp_path_factory.mktemp("munge")
+    key = root / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    sock = root / "munge.socket"
+    proc = subprocess.Popen([exe, "--foreground", "--force", f"--key-file={key}",
+                             f"--socket={sock}", f"--pid-file={root / 'munged.pid'}",
+                             f"--log-file={root / 'munged.log'}", f"--seed-file={root / 'seed'}"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 15
+    while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sock.exists(), "munged did not start"
+    yield str(sock)
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_failed_jobs_epilog_retries_spools_and_its_replayer_delivers_soon(node, configure,
+                                                                          munge_socket):
+    import time
+    port = closed_port()
+    configure(agent_url=f"http://127.0.0.1:{port}", munge_socket=munge_socket)
+    started = time.monotonic()
+    result = run_hook(node, "epilog", SLURM_JOB_EXIT_CODE2="1:0")
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert 1.5 <= took < 15, took          # two retries (0.5 s, 1 s), not more
+    (path,) = (node / "spool").glob("*.json")
+    assert path.name.endswith(".t3.json")   # three POSTs before it was spooled
+    log = (node / "hooks.log").read_text()
+    assert "a replayer retries" in log
+    agent = LateAgent(port)
+    agent.start()                           # the agent is back: no hook runs on the node
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not agent.got:
+            time.sleep(0.2)
+    finally:
+        agent.stop()
+    (report,) = agent.got
+    assert report["hook"] == "epilog" and report["delivery"]["by"] == "replayer"
+    assert report["signed"]
+    assert report["delivery"]["tries"] >= 4
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and list((node / "spool").glob("*.json")):
+        time.sleep(0.1)
+    assert list((node / "spool").glob("*.json")) == []
+
+
+def test_a_clean_epilog_spools_at_once_and_one_replayer_per_node(node):
+    from slurm_hooks import replay
+    (node / "spool").mkdir()
+    lock = replay._hold_lock(node / "spool")   # a replayer is running on this node
+    assert lock is not None
+    try:
+        assert replay.start(node / "spool", {}) is False
+        result = run_hook(node, "epilog", SLURM_JOB_EXIT_CODE2="0:0")
+        assert result.returncode == 0, result.stderr
+    finally:
+        lock.close()
+    (path,) = (node / "spool").glob("*.json")
+    assert path.name.endswith(".t1.json")   # a job that ended well: no retries
+    assert "a replayer retries" not in (node / "hooks.log").read_text()
+
+
+def test_replayer_stops_when_the_spool_is_empty_and_gives_up_at_its_window():
+    from slurm_hooks import replay
+
+    class Spool:
+        def __init__(self, files: int, takes: bool) -> None:
+            self.files, self.takes, self.tries = files, takes, 0
+
+        def pending(self):
+            return ["f"] * self.files
+
+        def replay(self, by=""):
+            self.tries += 1
+            if self.takes:
+                done, self.files = self.files, 0
+                return done, True
+            return 0, False
+
+    slept: list[float] = []
+    taken = Spool(2, takes=True)
+    assert replay.run(taken, sleep=slept.append) is True and taken.tries == 1
+    refused = Spool(1, takes=False)
+    assert replay.run(refused, sleep=slept.append) is False
+    assert refused.tries == len(replay.PAUSES) and sum(replay.PAUSES) == replay.WINDOW

@@ -120,6 +120,18 @@ def test_invalid_comment_spec_is_flagged_and_only_monitored(app):
     assert "invalid mode 'yolo'" in flag["message"]
 
 
+def test_invalid_spec_is_flagged_once_per_job(app):
+    """Every node's prolog and epilog carries the same bad spec: one flag."""
+    spec = {"job_id": "1234", "attempt": 0, "spec": "prod:yolo", "user": "a"}
+    for n, (hook, node) in enumerate([("prolog", "node2"), ("prolog", "node3"),
+                                      ("epilog", "node2"), ("epilog", "node3")]):
+        body = report(hook, node=node, job=spec, report_id=f"{n:032x}")
+        assert post(app, hook, body).status_code == 201
+    job = app.store.find_job("c1", "1234")
+    flags = [e for e in app.store.timeline(job["id"]) if e["kind"] == "spec_invalid"]
+    assert len(flags) == 1
+
+
 def test_unknown_job_is_completed_by_the_background_refresh(tmp_path):
     """Ingest never waits for slurmctld: a job the cache has not listed yet is
     stored at once, and gets its submit time when the refresh lands."""
@@ -173,6 +185,11 @@ BAD = [
     ({"xids": [{"xid": 79}]}, "xids[0].raw"),
     ({"log_lines": [{"text": 5}]}, "log_lines[0].text"),
     ({"log_lines": "oops"}, "log_lines"),
+    ({"delivery": ["spooled"]}, "delivery"),
+    ({"delivery": {"spooled_at": "yesterday"}}, "delivery.spooled_at"),
+    ({"delivery": {"spooled_at": float("nan")}}, "delivery.spooled_at: not a finite"),
+    ({"delivery": {"tries": -1}}, "delivery.tries"),
+    ({"delivery": {"by": "mallory"}}, "delivery.by"),
 ]
 
 
@@ -222,3 +239,42 @@ def test_huge_reports_are_refused_not_swallowed(app, change):
     assert resp.status_code in (400, 413), resp.text[:200]
     assert app.store.db["node_reports"].count == 0
     assert post(app, "prolog", report()).status_code in (200, 201)   # still answering
+
+
+# -- finding 11: a report replayed from a node's spool is late, and says so ----------
+
+def test_replayed_report_is_stored_late_with_its_delivery(app):
+    assert post(app, "prolog", report()).status_code == 201
+    late = {"spooled_at": 1_800_000_005.0, "tries": 3, "by": "health"}
+    body = report("epilog", report_id="0" * 31 + "2", delivery=late)
+    assert post(app, "epilog", body).status_code == 201
+    rows = {r["hook"]: r for r in app.store.db["node_reports"].rows}
+    assert rows["prolog"]["late"] == 0 and rows["prolog"]["spooled_at"] is None
+    epilog = rows["epilog"]
+    assert epilog["late"] == 1 and epilog["spooled_at"] == 1_800_000_005.0
+    assert json.loads(epilog["delivery"]) == late and epilog["after_verdict"] == 0
+    job = app.store.find_job("c1", "1234")
+    line = [e for e in app.store.timeline(job["id"]) if e["kind"] == "hook_epilog"][0]
+    assert line["message"].startswith("late epilog report from node2 (spooled ")
+    assert line["message"].endswith("s ago, 3 tries, replayed by the health check)")
+    assert line["data"]["delivery"] == late
+
+
+def test_a_report_for_a_judged_attempt_is_marked_after_the_verdict(app):
+    assert post(app, "prolog", report()).status_code == 201
+    job = app.store.find_job("c1", "1234")
+    app.store.add_event(job["id"], "verdict", "unknown: no failure -> none", attempt=0)
+    body = report("epilog", report_id="0" * 31 + "2",
+                  delivery={"spooled_at": 1_800_000_001.0, "tries": 1, "by": "replayer"})
+    assert post(app, "epilog", body).status_code == 201
+    row = app.store.db["node_reports"].get(2)
+    assert row["after_verdict"] == 1 and row["counted_at"] is None
+    line = [e for e in app.store.timeline(job["id"]) if e["kind"] == "hook_epilog"][0]
+    assert "replayed by the epilog's replayer" in line["message"]
+    assert line["message"].endswith(", after this attempt's verdict")
+
+
+def test_a_report_sent_on_time_is_not_late(app):
+    assert post(app, "epilog", report("epilog")).status_code == 201
+    row = next(app.store.db["node_reports"].rows)
+    assert (row["late"], row["delivery"], row["after_verdict"]) == (0, None, 0)

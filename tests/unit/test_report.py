@@ -51,11 +51,18 @@ def test_agreement_and_node_precision_recall(tmp_path):
                   reason_time=int(now - 60)),
              Node("node8", "IDLE", frozenset({"DRAIN"}), reason="old",
                   reason_time=int(now - 30 * 86400))]
+    # node9's drain is ours: the store recorded it as Slurm showed it after our call
+    store.set_node("node9", drained_by_us=1, drain_reason="recovery: 4 gpu_hardware",
+                   drain_slurm_reason="recovery: 4 gpu_hardware",
+                   drain_slurm_time=int(now - 60))
     report = build(store, nodes, now - 86400, now + 1)
     assert (report.compared, report.agreed) == (3, 2)
     assert [d["job"] for d in report.differ] == ["3"]
     assert report.differ[0]["humans"] == "left FAILED"
     assert report.our_nodes == {"node2", "node5"}
     assert set(report.human_nodes) == {"node2", "node7"}   # not ours, not outside the window
+    # the same wording with no drain of ours on record is a human's
+    store.set_node("node9", drained_by_us=0)
+    assert "node9" in build(store, nodes, now - 86400, now + 1).human_nodes
     assert report.precision == 0.5 and report.recall == 0.5
     assert report.as_dict()["agreement"] == 2 / 3

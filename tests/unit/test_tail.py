@@ -408,3 +408,106 @@ def test_log_deleted_while_tailed_then_recreated(tmp_path):
     assert got in ([], ["step 3"])     # read before the unlink was noticed, or lost with it
     write(log, "fresh 1\n", "wb")      # the job (or a rerun) creates it again
     assert texts(drain(tailer)) == ["fresh 1"]
+
+
+# -- floods (issue 14, finding 12) --------------------------------------------
+
+def numbered(first: int, count: int, width: int = 100) -> bytes:
+    """Lines 'line N ...' padded to ``width`` bytes each, newline included."""
+    return b"".join(f"line {n} ".encode().ljust(width - 1, b"x") + b"\n"
+                    for n in range(first, first + count))
+
+
+def test_a_file_far_ahead_is_skipped_to_its_tail_with_line_numbers_kept(tmp_path):
+    path = tmp_path / "flood.out"
+    write(path, "step 1\npartial")              # a held partial line before the flood
+    t = Tailer(max_backlog=1 << 20, keep_tail=64 * 1024)
+    t.add(path, "j")
+    assert texts(t.poll()) == ["step 1"]
+    write(path, b" end\n" + numbered(3, 40_000))   # 4 MB: far past the backlog bound
+    lines = drain(t)
+    assert lines[0].lineno == 2 and lines[0].text == "partial"   # delivered, not lost
+    kept = lines[1:]
+    assert 0 < len(kept) * 100 <= 64 * 1024 + 100
+    # the kept lines start at a line start and carry their true numbers
+    assert all(l.text.startswith(f"line {l.lineno} ") for l in kept)
+    assert kept[-1].lineno == 40_002
+    (notice,) = t.notices
+    assert notice.kind == "skipped" and notice.key == "j" and notice.path == str(path)
+    assert notice.skipped == t.skipped_bytes > 3_900_000
+    assert "skipped 3.9 MB of output" in notice.message
+    write(path, "after the flood\n")            # back to normal: read as usual
+    assert [(l.lineno, l.text) for l in t.poll()] == [(40_003, "after the flood")]
+
+
+def test_later_skips_of_one_file_are_reported_together(tmp_path, monkeypatch):
+    path = tmp_path / "flood.out"
+    t = Tailer(max_backlog=1 << 20, keep_tail=64 * 1024)
+    t.add(path, "j")
+    for first in (1, 30_001, 60_001):
+        write(path, numbered(first, 30_000))
+        drain(t)
+    assert len(t.notices) == 1                  # the first at once, the others wait
+    t.remove(path)                              # ...until the file is let go
+    assert [n.kind for n in t.notices] == ["skipped", "skipped"]
+    assert sum(n.skipped for n in t.notices) == t.skipped_bytes
+
+
+def test_the_time_budget_shares_one_poll_between_flooded_files(tmp_path):
+    a, b = tmp_path / "a.out", tmp_path / "b.out"
+    write(a, numbered(1, 30_000))               # 3 MB each, three steps each
+    write(b, numbered(1, 30_000))
+    t = Tailer(time_budget=0, max_backlog=0)    # no time: one step of one file a poll
+    t.add(a, "a")
+    t.add(b, "b")
+    keys = [{l.key for l in t.poll()} for _ in range(4)]
+    assert keys == [{"a"}, {"b"}, {"a"}, {"b"}]
+    assert t.backlog == 2
+
+
+def test_poll_iter_yields_lines_a_step_at_a_time(tmp_path):
+    path = tmp_path / "big.out"
+    write(path, numbered(1, 50_000))            # 5 MB
+    t = Tailer(max_backlog=0)
+    t.add(path, "j")
+    sizes, run = [], 0
+    last = None
+    for line in t.poll_iter():
+        if last is not None and line.offset // tail_mod.STEP != last // tail_mod.STEP:
+            sizes.append(run)
+            run = 0
+        run += 1
+        last = line.offset
+    assert len(sizes) >= 4 and max(sizes) * 100 <= tail_mod.STEP + 100
+
+
+def test_a_huge_flood_is_flushed_with_bounded_memory_and_the_skip_is_reported(tmp_path):
+    """A job that wrote 320 MB in its last moments: the old flush read it all
+    into one list (RSS 86 MB -> 1.2 GB, the loop stalled for 65 s)."""
+    path = tmp_path / "flood.out"
+    write(path, "step 1\n")
+    t = Tailer()
+    t.add(path, "j")
+    assert texts(t.poll()) == ["step 1"]
+    block = numbered(0, 10_486)                 # ~1 MiB of lines
+    with open(path, "ab") as fh:
+        for _ in range(320):
+            fh.write(block)
+        fh.write(b"RuntimeError: CUDA error: an illegal memory access was encountered")
+    total = os.path.getsize(path)
+    tracemalloc.start()
+    try:
+        count, last = 0, None
+        for line in t.flush_iter(path):         # consumed as it comes, as the watcher does
+            count += 1
+            last = line
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 48 << 20, f"flush peaked at {peak >> 20} MiB"
+    assert last.text.startswith("RuntimeError: CUDA error") and last.lineno == 320 * 10_486 + 2
+    assert count * 100 < tail_mod.KEEP_TAIL + 200   # only the tail was read, line by line
+    (notice,) = t.notices
+    assert notice.kind == "skipped" and notice.skipped == t.skipped_bytes
+    start = len("step 1\n")                   # skipped from there to a line start
+    assert 0 <= notice.skipped - (total - tail_mod.KEEP_TAIL - start) < 100

@@ -22,7 +22,7 @@ class Script:
 def job(state: str, out: str, restarts: int = 0, **kw) -> Job:
     base = dict(job_id="77", numeric_id=77, state=state, submit_time=1000, start_time=1001,
                 nodes=("node1", "node2"), comment="recovery=prod", stdout=out, stderr=out,
-                restart_count=restarts)
+                restart_count=restarts, user_id=0, group_id=0)
     base.update(kw)
     return Job(**base)
 
@@ -133,3 +133,154 @@ def test_log_lines_inside_node_reports_are_scanned(tmp_path):
     watcher.cycle()
     (det,) = [d for d in store.detections(1) if d["category"] == "oom"]
     assert det["source"] == "hook:node2/epilog:slurmd"
+
+
+# -- finding 11: the verdict waits, bounded, for late node evidence -----------------
+# A node whose epilog could not reach the agent spools its report; the replay
+# comes later (the epilog's replayer, the next health check). The verdict of its
+# attempt waits for it when the node sent the attempt's prolog report.
+
+XID79 = {"xid": 79, "kind": "xid", "pci": "0000:28:00", "time": 1500.0,
+         "message": "GPU has fallen off the bus.",
+         "raw": "2026-11-29T08:00:00+0000 node2 kernel: NVRM: Xid (PCI:0000:28:00): 79, "
+                "pid=42, name=python, GPU has fallen off the bus."}
+
+
+def hook_report(hook: str, node: str, n: int, xids=(), delivery=None) -> dict:
+    body = {"version": 1, "hook": hook, "report_id": f"{n:032x}", "created": 1500.0,
+            "cluster": "c1", "node": node,
+            "job": {"job_id": "77", "attempt": 0, "spec": "prod"},
+            "gpus": {"ok": True, "gpus": []}, "xids": [dict(x) for x in xids]}
+    if hook == "epilog":
+        body["exit"] = {"code": 1, "signal": None}
+    if delivery is not None:
+        body["delivery"] = delivery
+    return body
+
+
+class Ended:
+    """A two-node job that ran (prologs from ``prologs``) and ended ``state``,
+    with node1's epilog report in; ``until(clock)`` runs cycles up to then."""
+
+    def __init__(self, tmp_path, state="FAILED", prologs=("node1", "node2"), decider=False,
+                 node1_xids=()):
+        from recovery_agent.ingest import Ingest
+        self.clock = [2000.0]
+        self.watcher, self.store, self.sched = make(tmp_path, self.clock)
+        if decider:
+            from recovery_agent.decide import Decider
+            self.watcher.decider = Decider(self.watcher.cfg, self.store,
+                                           clock=lambda: self.clock[0])
+        out = tmp_path / "o.out"
+        out.write_text("")
+        self.sched.jobs = [job("RUNNING", str(out))]
+        self.watcher.cycle()
+        self.ingest = Ingest(self.store, "c1")
+        for n, node in enumerate(prologs, start=1):
+            self.ingest.store_report("prolog", hook_report("prolog", node, n))
+        self.sched.jobs = [job(state, str(out), exit_code=1)]
+        self.watcher.cycle()
+        self.ingest.store_report("epilog", hook_report("epilog", "node1", 11, node1_xids))
+
+    def until(self, seconds: float, step: float = 2.0) -> None:
+        end = self.clock[0] + seconds
+        while self.clock[0] < end:
+            self.clock[0] += step
+            self.watcher.cycle()
+
+    def verdicts(self) -> list[dict]:
+        return [e["data"] for e in events(self.store, "verdict")]
+
+    def messages(self, kind: str) -> list[str]:
+        return [e["message"] for e in events(self.store, kind)]
+
+
+def test_verdict_waits_for_the_spooled_epilog_report_of_a_node_that_reported(tmp_path):
+    ended = Ended(tmp_path)
+    ended.until(30)                       # past the 15 s grace
+    assert ended.verdicts() == []         # node2 sent its prolog: its epilog is awaited
+    (wait,) = ended.messages("node_report_wait")
+    assert "node2" in wait and "90s" in wait
+    late = {"spooled_at": 2001.0, "tries": 3, "by": "health"}
+    ended.ingest.store_report("epilog", hook_report("epilog", "node2", 12, [XID79], late))
+    ended.until(2)
+    (verdict,) = ended.verdicts()
+    assert (verdict["blame"], verdict["category"], verdict["action"], verdict["nodes"]) == \
+        ("node", "gpu_hardware", "requeue_exclude", ["node2"])
+    assert ended.messages("node_report_missing") == []
+    (arrival,) = [m for m in ended.messages("hook_epilog") if "node2" in m]
+    assert arrival.startswith("late epilog report from node2 (spooled ")
+    assert "3 tries, replayed by the health check" in arrival
+
+
+def test_the_wait_is_bounded_and_the_timeline_says_it_decided_without(tmp_path):
+    ended = Ended(tmp_path)
+    ended.until(80)
+    assert ended.verdicts() == []
+    ended.until(14)                       # 90 s after the end (agent.node_report_wait)
+    (verdict,) = ended.verdicts()
+    assert verdict["blame"] == "unknown"
+    (missing,) = ended.messages("node_report_missing")
+    assert missing.startswith("deciding without the epilog report of node2")
+    assert len(ended.messages("node_report_wait")) == 1   # said once, not every cycle
+
+
+def test_the_bound_is_the_config_key(tmp_path):
+    from dataclasses import replace
+    ended = Ended(tmp_path)
+    watcher = ended.watcher
+    watcher.cfg = replace(watcher.cfg, agent=replace(watcher.cfg.agent, node_report_wait=40.0))
+    ended.until(30)
+    assert ended.verdicts() == []
+    ended.until(14)
+    assert len(ended.verdicts()) == 1 and ended.messages("node_report_missing")
+
+
+def test_no_wait_for_a_node_that_never_reported_this_attempt(tmp_path):
+    ended = Ended(tmp_path, prologs=("node1",))
+    ended.until(18)
+    assert len(ended.verdicts()) == 1
+    assert ended.messages("node_report_wait") == []
+
+
+def test_no_wait_when_a_fatal_xid_already_blames_a_node(tmp_path):
+    ended = Ended(tmp_path, node1_xids=[dict(XID79, raw=XID79["raw"].replace("node2", "node1"))])
+    ended.until(18)
+    (verdict,) = ended.verdicts()
+    assert verdict["nodes"] == ["node1"] and ended.messages("node_report_wait") == []
+
+
+def test_no_wait_for_node_fail_or_states_policy_leaves_alone(tmp_path):
+    for state in ("NODE_FAIL", "COMPLETED", "CANCELLED"):
+        root = tmp_path / state
+        root.mkdir()
+        ended = Ended(root, state=state)
+        ended.until(18)
+        assert len(ended.verdicts()) == 1, state
+        assert ended.messages("node_report_wait") == [], state
+
+
+def test_all_epilog_reports_in_means_no_wait_at_all(tmp_path):
+    ended = Ended(tmp_path)
+    ended.ingest.store_report("epilog", hook_report("epilog", "node2", 12))
+    ended.until(2)
+    assert len(ended.verdicts()) == 1     # not even the grace
+
+
+def test_a_fatal_xid_arriving_after_the_verdict_counts_against_its_node_once(tmp_path):
+    ended = Ended(tmp_path, decider=True)
+    ended.until(94)                       # decided without node2's report
+    (verdict,) = ended.verdicts()
+    assert verdict["blame"] == "unknown"
+    late = {"spooled_at": 2010.0, "tries": 5, "by": "prolog"}
+    ended.ingest.store_report("epilog", hook_report("epilog", "node2", 12, [XID79], late))
+    (arrival,) = [m for m in ended.messages("hook_epilog") if "node2" in m]
+    assert arrival.endswith("after this attempt's verdict")
+    ended.until(4)
+    (note,) = ended.messages("late_evidence")
+    assert "fatal XID 79" in note and "counted against node2" in note
+    strikes = [s for s in ended.store.strikes("node2") if s["category"] == "gpu_hardware"]
+    assert len(strikes) == 1 and strikes[0]["weight"] == 1.0
+    assert len(ended.verdicts()) == 1     # the verdict stands
+    ended.until(4)
+    assert len(ended.store.strikes("node2")) == 1 and len(ended.messages("late_evidence")) == 1

@@ -49,7 +49,7 @@ def job(state: str, out: Path, job_id: str = "77", nodes=("node1", "node2"),
         comment: str = "recovery=prod", **kw) -> Job:
     base = dict(job_id=job_id, numeric_id=int(job_id), state=state, submit_time=int(T0) - 400,
                 start_time=int(T0) - 300, nodes=nodes, comment=comment, stdout=str(out),
-                stderr=str(out))
+                stderr=str(out), user_id=0, group_id=0)  # root's files, read with root's rights
     base.update(kw)
     return Job(**base)
 
