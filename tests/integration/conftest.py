@@ -166,6 +166,17 @@ def job_row(agent, job_id: str):
     return rows[0] if rows else None
 
 
+def release_node(devcluster, node: str) -> None:
+    """A node a test faulted: its XIDs cleared and any drain lifted."""
+    clear_node(devcluster.lay, node)
+    sched = devcluster.scheduler()
+    try:
+        if sched.get_node(node).drained:
+            sched.resume_node(node)
+    except SchedulerError:
+        pass
+
+
 @pytest.fixture
 def cleanup(devcluster):
     """Nodes a test faulted: their XIDs cleared and any drain lifted afterwards."""
@@ -173,12 +184,7 @@ def cleanup(devcluster):
     yield touched
     sched = devcluster.scheduler()
     for node, agent in touched:
-        clear_node(devcluster.lay, node)
-        try:
-            if sched.get_node(node).drained:
-                sched.resume_node(node)
-        except SchedulerError:
-            pass
+        release_node(devcluster, node)
         if agent is not None and agent.db.exists():
             with sqlite3.connect(agent.db, timeout=10) as conn:
                 conn.execute("update nodes set drained_by_us = 0 where name = ?", (node,))

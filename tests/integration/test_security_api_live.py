@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from recovery_agent.devcluster.inject import clear_node, inject_xid
-from recovery_agent.errors import SchedulerError
-from tests.integration.conftest import AgentProcess, Submitter, wait_for
+from recovery_agent.devcluster.inject import inject_xid
+from tests.integration.conftest import AgentProcess, Submitter, release_node, wait_for
 
 pytestmark = [pytest.mark.live, pytest.mark.security]
 CTL = str(Path(sys.executable).parent / "recovery-ctl")
@@ -151,12 +150,7 @@ def incident(rig, devcluster, people):
     finally:
         submit.cleanup()
         if node:
-            clear_node(devcluster.lay, node)
-            try:
-                if sched.get_node(node).drained:
-                    sched.resume_node(node)
-            except SchedulerError:
-                pass
+            release_node(devcluster, node)
 
 
 # -- the store file ----------------------------------------------------------------------

@@ -5,7 +5,6 @@ the decision timeout, by the agent's watchdog and by ``recovery-ctl watchdog
 store once it takes writes again."""
 from __future__ import annotations
 
-import errno
 import os
 
 import pytest
@@ -14,21 +13,12 @@ from click.testing import CliRunner
 from recovery_agent.store import OPEN_STATUSES, Store
 from recovery_agent.store.journal import SideJournal
 from tests.conftest import small_tmpfs
+from tests.unit.test_store_full import fill
 from tests.unit.test_actuator import FakeSlurm, add_job_rec, clock, make_actuator  # noqa: F401 (clock: a fixture)
 
 pytestmark = pytest.mark.resilience(
     "store disk full mid-recovery", "the held job is released within the decision timeout "
     "anyway; the release is recorded in the side journal, then in the store")
-
-
-def fill(path) -> None:
-    with open(path, "wb") as fh:
-        try:
-            while True:
-                fh.write(b"\0" * (256 << 10))
-                fh.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
 
 
 @pytest.fixture
