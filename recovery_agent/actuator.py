@@ -90,6 +90,7 @@ class Actuator:
         self.pause_before = os.environ.get(PAUSE_ENV, "")
         self.pause_file = os.environ.get(PAUSE_FILE_ENV, "")
         self.waiting_for_slurm = False
+        self.fenced = ""            # why this agent may no longer act, once it may not
         self.last_resume_check = 0.0
         self.passes = 0
 
@@ -100,9 +101,9 @@ class Actuator:
         now = self.clock()
         fenced = self.fence() if self.fence is not None else ""
         if fenced:
-            if not self.waiting_for_slurm:   # said once
+            if fenced != self.fenced:   # said once
                 log.error("not acting on Slurm: %s", fenced)
-            self.waiting_for_slurm = True
+            self.fenced = fenced
             return 0
         if len(self.journal) and self.journal.replay(self.store):
             self.journaled.clear()
