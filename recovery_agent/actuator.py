@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -46,6 +47,13 @@ CRASH_ENV = "RECOVERY_TEST_CRASH_AFTER_STEP"   # tests: SIGKILL the agent after 
 PAUSE_ENV, PAUSE_FILE_ENV, PAUSE_LIMIT = ("RECOVERY_TEST_PAUSE_BEFORE_STEP",
                                           "RECOVERY_TEST_PAUSE_FILE", 120.0)
 RESUME_CHECK_INTERVAL = 30.0
+# slurmctld's answers that say a call was refused, so it did not happen (their
+# texts in Slurm's slurm_errno.c); every other failure may have taken effect
+REFUSALS = re.compile(
+    r"Invalid job id specified|Job is pending execution|Job is no longer pending "
+    r"execution|Requested operation is presently disabled|Job/step already completing or "
+    r"completed|Access/permission denied|Invalid node state transition requested|Invalid "
+    r"node name specified|Job is current suspended, requested operation disabled")
 
 
 class StepFailed(Exception):
@@ -210,10 +218,12 @@ class Actuator:
             self._record(rec, name, "refused", "not found", fail_open, aside)
             raise
         except SchedulerError as exc:
-            # Slurm's answer "no" means it did not happen ('refused'); a call that
-            # timed out or got no answer may have happened ('failed')
-            answered = exc.returncode is not None and exc.returncode != 255
-            self._record(rec, name, "refused" if answered else "failed",
+            # Slurm's own "no" means it did not happen ('refused'); anything else
+            # (a timeout, "Unexpected message received" from a controller that
+            # died mid-call, ssh failing) may have happened ('failed')
+            refused = exc.returncode not in (None, 255) and bool(
+                REFUSALS.search(exc.stderr or ""))
+            self._record(rec, name, "refused" if refused else "failed",
                          f"{exc} {exc.stderr}".strip(), fail_open, aside)
             raise StepFailed(f"{name}: {exc}") from None
         self._record(rec, name, "ok", detail, fail_open, aside)

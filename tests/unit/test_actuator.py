@@ -1460,3 +1460,26 @@ def test_nodes_a_human_took_back_leave_the_drain_budget(store, clock, human):
     act.run_once()
     assert not store.node("gpu3")["drained_by_us"]
     assert "resume_node" not in slurm.calls
+
+
+def test_a_call_cut_off_mid_answer_may_have_happened(store, clock):
+    """slurmctld died during the requeue-hold: scontrol says "Unexpected message
+    received" (exit 1) though the requeue took effect. That is no refusal: the
+    requeue counts as ours and the recovery finishes with its exclusions."""
+    slurm = FakeSlurm(state="FAILED")
+    rec_id = add_job_rec(store, slurm)
+    real = slurm.requeue_hold
+
+    def cut_off(job_id):
+        real(job_id)
+        raise SchedulerError("scontrol requeuehold", ["scontrol", "requeuehold"], 1,
+                             "scontrol: error: Unexpected message received for job 4242")
+    slurm.requeue_hold = cut_off
+    act = make_actuator(store, slurm, clock)
+    act.run_once()
+    assert steps(store, rec_id)[-1] == ("requeue_hold", "failed")
+    slurm.requeue_hold = real
+    drive(act, store, rec_id, clock)
+    rec = store.rec(rec_id)
+    assert rec["status"] == "done" and slurm.job["excluded"] == ("gpu2",)
+    assert not slurm.job["held"]
