@@ -81,6 +81,63 @@ def patterns_test(files: tuple[Path, ...], dirs: tuple[Path, ...], engine: str,
             _print_report(path, detections, verdict)
 
 
+@patterns.command("score")
+@click.argument("files", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--patterns-dir", "dirs", multiple=True,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A directory of site packs, loaded after the shipped ones (repeatable).")
+@click.option("--engine", type=click.Choice(["auto", "re", "hyperscan"]), default="auto",
+              show_default=True, help="Matcher: hyperscan when it imports, else Python re.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object with every figure.")
+def patterns_score(files: tuple[Path, ...], dirs: tuple[Path, ...], engine: str,
+                   as_json: bool) -> None:
+    """Score the packs on labelled incidents: your own, before action mode.
+
+    FILES are JSON lines, one incident a line, in the corpus format:
+    {"id", "lines": [...], "category", "expected_action", "node_attributable"}
+    (category: gpu_hardware, interconnect, nccl_timeout_hang, cuda_error, oom,
+    system_software, application, segfault or benign; expected_action:
+    requeue_exclude_node, requeue, stop or none). Each incident's lines are
+    judged as `patterns test` judges a log. Printed: category and coarse action
+    accuracy (overall, per labelled category, per labelled action), both
+    confusion matrices, how often the node is named where the text names it,
+    benign incidents on which a rule fired, and every miss with the rule that
+    decided it. A row that is not well formed is named (line and field) and
+    left out; the rest are scored. Exit 0 whatever the score; 1 when no row
+    could be scored.
+
+    \b
+    Example:
+        recovery-ctl patterns score incidents.jsonl
+        recovery-ctl patterns score --json incidents.jsonl | jq .action
+    """
+    from .detect.score import read_labels, render, score
+    from .detect.score import as_dict as score_dict
+    try:
+        scanner = Scanner(load_rules(dirs), engine=engine)
+    except RecoveryError as exc:
+        raise click.ClickException(str(exc)) from None
+    rows, problems = [], []
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise click.ClickException(f"{path}: {exc.strerror or exc}") from None
+        found, bad = read_labels(text)
+        rows += found
+        problems += [f"{path}: {p}" for p in bad]
+    result = score(scanner, rows, problems)
+    if as_json:
+        click.echo(json.dumps(score_dict(result), indent=1))
+    else:
+        click.echo(render(result, title=", ".join(str(f) for f in files)), nl=False)
+    for problem in problems:
+        click.echo(f"left out: {problem}", err=True)
+    if not rows:
+        raise click.ClickException("no row could be scored")
+
+
 def _scan_file(scanner: Scanner, path: Path) -> list[Detection]:
     """The scanner over a file read in chunks (any size, any bytes)."""
     stream = scanner.stream(str(path))

@@ -172,3 +172,10 @@ def test_every_test_the_threat_model_names_exists():
                 missing.append(f"{current.relative_to(REPO)}::{func}")
     assert named >= 40, "the threat model should name its tests"
     assert not missing, f"docs/security.md names tests that do not exist: {missing}"
+
+
+def test_accuracy_report_is_current():
+    """docs/accuracy.md is the held-out score of the packs as they are now."""
+    from recovery_agent import accuracy
+    assert (DOCS / "accuracy.md").read_text() == accuracy.report(), \
+        "regenerate: python -m recovery_agent.accuracy > docs/accuracy.md"
