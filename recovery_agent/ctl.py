@@ -13,7 +13,8 @@ from typing import Iterator
 
 import click
 
-from .detect.attribution import attribute, context_from_lines
+from .detect.attribution import (all_detections, attribute, context_from_lines,
+                                 read_node_addresses, with_host)
 from .detect.model import Detection, Verdict
 from .detect.patterns import load_rules
 from .detect.scanner import MAX_LINE, Scanner
@@ -53,32 +54,54 @@ def patterns() -> None:
               help="A directory of site packs, loaded after the shipped ones (repeatable).")
 @click.option("--engine", type=click.Choice(["auto", "re", "hyperscan"]), default="auto",
               show_default=True, help="Matcher: hyperscan when it imports, else Python re.")
+@click.option("--node", metavar="NAME",
+              help="The node the logs came from (a node's kernel log, one node's job "
+                   "output): lines that name no node are that node's.")
+@click.option("--nodes-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Node names and the addresses the logs may name them by, one node a "
+                   "line: 'name address...' (IPs, hostnames), or scontrol's "
+                   "'NodeName=... NodeAddr=... NodeHostName=...'.")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object per input file, one per line.")
 def patterns_test(files: tuple[Path, ...], dirs: tuple[Path, ...], engine: str,
-                  as_json: bool) -> None:
+                  node: str | None, nodes_file: Path | None, as_json: bool) -> None:
     """Run the scanner and attribution over log files, offline.
 
     Prints each detection (line, rule, category, host) and the verdict for
-    each file. Nothing is sent anywhere: use it to check packs against your
-    own logs before the agent runs them.
+    each file. Hosts come from the lines' prefixes (syslog, journald, dmesg,
+    NCCL, srun, pdsh...), ranks through the layout the log states (SLURM_*
+    node lists, srun --label, NCCL init lines), peer addresses through
+    --nodes-file. Nothing is sent anywhere: use it to check packs against
+    your own logs before the agent runs them.
 
     \b
     Example:
         recovery-ctl patterns test slurm-4410.out
-        recovery-ctl patterns test --json logs/*.err | jq .verdict
+        recovery-ctl patterns test --node gpu07 gpu07-kern.log
+        recovery-ctl patterns test --nodes-file nodes.txt --json logs/*.err | jq .verdict
     """
     try:
         scanner = Scanner(load_rules(dirs), engine=engine)
     except RecoveryError as exc:
         raise click.ClickException(str(exc)) from None
+    addresses = {}
+    if nodes_file is not None:
+        try:
+            addresses = read_node_addresses(nodes_file.read_text(encoding="utf-8",
+                                                                 errors="replace"))
+        except OSError as exc:
+            raise click.ClickException(f"{nodes_file}: {exc.strerror or exc}") from None
     for path in files:
         detections = _scan_file(scanner, path)
-        verdict = attribute(detections, context_from_lines(_read_lines(path)))
+        if node:
+            detections = with_host(detections, node)
+        context = context_from_lines(_read_lines(path), addresses=addresses)
+        verdict = attribute(detections, context)
+        shown = all_detections(detections, context)[:len(detections)]
         if as_json:
-            click.echo(json.dumps(_as_json(path, detections, verdict)))
+            click.echo(json.dumps(_as_json(path, shown, verdict)))
         else:
-            _print_report(path, detections, verdict)
+            _print_report(path, shown, verdict)
 
 
 @patterns.command("score")

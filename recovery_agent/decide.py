@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from slurm_hooks import spec as specs
 
 from .config import Config
+from .detect.attribution import PriorAttempt
 from .detect.model import Detection, Verdict
 from .errors import SchedulerError
 from .policy import (STRIKE_WEIGHTS, BudgetState, Decision, History, Limits, NodeFacts,
@@ -81,8 +82,12 @@ class Decider:
         tracks = bool(spec.ckpt) or any(a["ckpt_path"] for a in attempts)
         earlier = [r for r in self.store.recommendations(job_pk=job_pk)
                    if r["scope"] == "job" and r["attempt"] < attempt]
-        unknown = sum(1 for r in earlier if r["rule"] == "unknown"
-                      and r["status"] in ("done", "executing", "proposed"))
+        # the unexplained budget counts from the last attempt that saved a checkpoint:
+        # a job that advances between rare unexplained failures keeps its retries
+        since = max((a["attempt"] for a in attempts if a["ckpt_path"]), default=None)
+        unknown = sum(1 for r in earlier if _unexplained(r)
+                      and r["status"] in ("done", "executing", "proposed")
+                      and (since is None or r["attempt"] >= since))
         excluded: list[str] = []
         for r in earlier:
             if r["status"] == "done":
@@ -91,7 +96,8 @@ class Decider:
             excluded += [n for n in job.excluded_nodes if n not in excluded]
         return History(restarts=attempt, unknown_requeues=unknown,
                        attempts_without_ckpt=without, tracks_checkpoints=tracks,
-                       excluded=tuple(excluded), nodes_needed=max(1, len(nodes)))
+                       excluded=tuple(excluded), nodes_needed=max(1, len(nodes)),
+                       nodes=tuple(nodes), previous=_previous(attempts, earlier))
 
     def node_facts(self, blamed: tuple[str, ...], now: float,
                    category: str | None = None) -> NodeFacts:
@@ -196,7 +202,11 @@ class Decider:
                   "trigger": trigger, "attribution": {
                       "blame": verdict.blame, "category": verdict.category,
                       "confidence": verdict.confidence, "nodes": list(verdict.nodes),
-                      "gpus": list(verdict.gpus), "reason": verdict.reason},
+                      "gpus": list(verdict.gpus), "reason": verdict.reason,
+                      # what the next attempt's decision reads (History.previous)
+                      "action": verdict.action, "signature": verdict.signature,
+                      "suspects": list(verdict.suspects),
+                      "unexplained": verdict.unexplained},
                   "pattern_ids": sorted({d.rule for d in used}), "evidence": evidence,
                   "restart_at": attempt,
                   # Slurm renews the submit time at each requeue: keep this attempt's
@@ -303,3 +313,33 @@ class Decider:
             return now
         low = started if started else float("-inf")
         return max(low, min(min(times), now))
+
+
+def _unexplained(rec: dict) -> bool:
+    """Was this job recommendation a requeue of a failure without a cause: no
+    evidence at all (rule ``unknown``), or symptoms and exit reports alone?"""
+    if rec["rule"] in ("unknown", "unexplained"):
+        return True
+    attribution = rec.get("attribution") or {}
+    return bool(attribution.get("unexplained")) and rec["action"] in ("requeue", "kill_requeue")
+
+
+def _previous(attempts: list[dict], recs: list[dict]) -> tuple[PriorAttempt, ...]:
+    """The earlier attempts that were judged: where each ran (its attempt row)
+    and its verdict (as its job recommendation recorded it), oldest first."""
+    nodes = {a["attempt"]: tuple(a["nodes"] or ()) for a in attempts}
+    out = []
+    for rec in sorted(recs, key=lambda r: r["attempt"]):
+        seen = rec.get("attribution") or {}
+        if not seen or rec["attempt"] not in nodes:
+            continue
+        verdict = Verdict(blame=seen.get("blame") or "unknown", category=seen.get("category"),
+                          action=seen.get("action") or rec["action"],
+                          confidence=float(seen.get("confidence") or 0.0),
+                          nodes=tuple(seen.get("nodes") or ()),
+                          gpus=tuple(seen.get("gpus") or ()), reason=seen.get("reason") or "",
+                          unexplained=bool(seen.get("unexplained")),
+                          signature=seen.get("signature") or "",
+                          suspects=tuple(seen.get("suspects") or ()))
+        out.append(PriorAttempt(nodes[rec["attempt"]], verdict, rec["attempt"]))
+    return tuple(out)

@@ -7,20 +7,30 @@ The default table is DESIGN.md's; every limit comes from the job's environment
 evidence                                    decision
 ==========================================  ==========================================
 the job completed, or a human cancelled it  nothing
+the work had finished before the failure    nothing (a timeout in the teardown)
 application error (exception, bad config)   ``stop``: retrying cannot help
+full disk or quota                          ``stop``
+a CUDA error or segfault that follows the   ``stop``: it is the code
+job onto fresh nodes
 retry budget (``max-restarts``) spent       ``stop``
 no new checkpoint over the last K attempts  ``stop``
 GPU hardware on a node                      ``requeue_exclude`` it, and drain it
 interconnect error naming a host            ``requeue_exclude`` it; drain after K strikes
-other failure naming a node                 ``requeue_exclude`` it
+other failure naming a node, or a CUDA      ``requeue_exclude`` it
+error or segfault staying with one node,
+or a suspect named by two attempts
 hang / NCCL timeout naming no node          ``kill_requeue`` (``requeue`` once ended)
 straggler                                   ``kill_requeue`` without the slow host, only
                                             where ``straggler_action`` allows it
-failure with no evidence at all             ``requeue``, up to ``unknown_max_restarts``
+unexplained failure (symptoms and exit      ``requeue``, up to ``unknown_max_restarts``
+reports alone), or no evidence at all
 ==========================================  ==========================================
 
-Every requeue also excludes what earlier attempts excluded, the lemon nodes and
-the nodes an operator excluded, as long as enough nodes remain to run the job.
+The earlier attempts come in ``History.previous`` (where each ran, what its
+verdict was) and are read with :func:`~.detect.attribution.across_attempts`
+before the table. Every requeue also excludes what earlier attempts excluded,
+the lemon nodes and the nodes an operator excluded, as long as enough nodes
+remain to run the job.
 """
 from __future__ import annotations
 
@@ -28,6 +38,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
+from .detect.attribution import PriorAttempt, across_attempts
 from .detect.model import Verdict
 
 MODE_RANK = {"monitor": 0, "external": 1, "action": 2}
@@ -57,11 +68,14 @@ class History:
     """What happened to the job before this decision."""
 
     restarts: int = 0                  # Slurm's restart count of the attempt judged
-    unknown_requeues: int = 0          # earlier requeues of unexplained failures
+    unknown_requeues: int = 0          # earlier requeues of unexplained failures (since
+                                       # the last checkpoint, when checkpoints are tracked)
     attempts_without_ckpt: int = 0     # latest attempts in a row with no new checkpoint
     tracks_checkpoints: bool = False   # ckpt= given, or checkpoints seen before
     excluded: tuple[str, ...] = ()     # exclusions already on the job
     nodes_needed: int = 1              # nodes the job runs on
+    nodes: tuple[str, ...] = ()        # where the attempt judged ran
+    previous: tuple[PriorAttempt, ...] = ()   # earlier failed attempts, oldest first
 
 
 @dataclass(frozen=True)
@@ -141,11 +155,24 @@ def decide(verdict: Verdict, *, trigger: str = "ended", state: str = "FAILED",
         return Decision("none", "straggler_recorded", "straggler recorded; the environment's "
                         "straggler_action does not allow a kill", category,
                         blamed=verdict.nodes)
+    if verdict.signature == "done" and verdict.action == "none":
+        return Decision("none", "work_done", f"the work had finished: {verdict.reason}"
+                        .rstrip(": "), category)
+    if trigger != "straggler":
+        reread = across_attempts(verdict, history.nodes, history.previous)
+        recurring, verdict = reread is not verdict, reread
+    else:
+        recurring = False
     if verdict.blame == "application" or verdict.action == "stop":
-        return Decision("stop", "application", f"application error, retrying cannot help: "
+        if recurring:
+            return Decision("stop", "recurring", f"retrying cannot help: {verdict.reason}"
+                            .rstrip(": "), category)
+        what = "application error, " if verdict.blame == "application" else ""
+        return Decision("stop", "application", f"{what}retrying cannot help: "
                         f"{verdict.reason}".rstrip(": "), category)
 
     unknown = verdict.blame == "unknown" and verdict.action == "none"
+    unexplained = (verdict.unexplained and verdict.blame == "unknown" and trigger == "ended")
     spent = history.restarts >= limits.max_restarts or (
         limits.no_progress_attempts and history.tracks_checkpoints
         and history.attempts_without_ckpt >= limits.no_progress_attempts)
@@ -169,6 +196,11 @@ def decide(verdict: Verdict, *, trigger: str = "ended", state: str = "FAILED",
                             f"(unknown_max_restarts={limits.unknown_max_restarts})", category)
         return _requeue("requeue", "unknown", "failure without evidence: requeue once more",
                         None, (), history, facts, ())
+    if unexplained and history.unknown_requeues >= limits.unknown_max_restarts:
+        return Decision("stop", "unknown_budget", f"unexplained failure, "
+                        f"{history.unknown_requeues} unexplained requeue(s) already "
+                        f"(unknown_max_restarts={limits.unknown_max_restarts}): "
+                        f"{verdict.reason}".rstrip(": "), category)
 
     blamed = tuple(verdict.nodes) if verdict.blame == "node" else ()
     if trigger == "straggler":
@@ -196,6 +228,9 @@ def decide(verdict: Verdict, *, trigger: str = "ended", state: str = "FAILED",
     if category == "nccl_timeout_hang" or trigger == "hang" or verdict.action == "kill_requeue":
         action = "kill_requeue" if trigger != "ended" else "requeue"
         return _requeue(action, "hang", f"hang or collective timeout naming no node: "
+                        f"{verdict.reason}".rstrip(": "), category, (), history, facts, ())
+    if unexplained:
+        return _requeue("requeue", "unexplained", f"unexplained failure, requeue once more: "
                         f"{verdict.reason}".rstrip(": "), category, (), history, facts, ())
     return _requeue("requeue", "requeue", f"{category or 'failure'}: {verdict.reason}"
                     .rstrip(": "), category, (), history, facts, ())

@@ -23,6 +23,11 @@ ROLES = ("root", "cause", "symptom", "exit")
 # reports, node log feeds, GPU metrics, Slurm's own state); "" is not known
 # (offline analysis of a file an admin chose), taken at face value.
 ORIGINS = ("", "job", "system")
+# Failure kinds whose cause is told apart across attempts (Verdict.signature,
+# ``family:detail``): one that follows the job onto fresh nodes is the code,
+# one that stays with a node is the node. ``write``: a write failure without a
+# full disk; twice, it is one.
+SIGNATURES = ("cuda", "segfault", "write")
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,16 @@ class Verdict:
     known. ``rests_on`` cites the detections used, by index into the list the
     verdict was made from. ``action`` is the recommendation this evidence
     supports on its own (policy may still override it: budgets, retries).
+
+    Read across attempts (policy, with the job's earlier verdicts):
+    ``unexplained`` is set when the verdict rests on symptoms and exit reports
+    alone (what any failure leaves behind), so it counts against the
+    unexplained-failure budget; ``signature`` names a failure that may be the
+    code or the node, to be told apart by where it happens next (``cuda``,
+    ``segfault``, ``write``: see :data:`SIGNATURES`; ``done``: the work had
+    finished before it); ``suspects`` are hosts the evidence names without
+    proving them at fault (a peer, a store host): named again by a later
+    attempt, they are excluded.
     """
 
     blame: str
@@ -86,3 +101,6 @@ class Verdict:
     rests_on: tuple[int, ...] = ()
     reason: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False)
+    unexplained: bool = False
+    signature: str = ""
+    suspects: tuple[str, ...] = ()

@@ -71,13 +71,64 @@ _UNSUPPORTED = {
     sre_c.ATOMIC_GROUP: "atomic group", sre_c.POSSESSIVE_REPEAT: "possessive repeat",
 }
 
-# XID buckets beyond kmsg.FATAL_XIDS, read off the XID catalog's
-# job_recovery_action column (tests/unit/test_patterns.py re-derives them).
-REQUEUE_XIDS = frozenset({8, 32, 39, 40, 41, 60, 68, 70, 71, 72, 75, 76, 77, 80, 82, 83, 84,
-                          85, 86, 88, 89, 94, 139, *range(96, 106), *range(126, 136)})
-STOP_XIDS = frozenset({11, 13, 25, 31, 43, 69, 108, 137})
-QUIET_XIDS = frozenset({14, 37, 38, 44, 45, 63, 66, 67, 92, 93, 106, 107, 121, 141, 152,
-                        153, 154, 157, *range(159, 166)})
+# -- XIDs ------------------------------------------------------------------------
+# NVIDIA's immediate-action bucket for every XID code, as the XID catalog lists
+# it (tests/fixtures/corpus/xid_catalog.jsonl, column nvidia_immediate_action;
+# tests/unit/test_xid_catalog.py checks this table against it, code by code).
+# Codes 162-172 have no bucket there ("").
+_BUCKET_CODES = {
+    "CONTACT_SUPPORT": (*range(1, 8), 9, 10, 12, *range(15, 25), *range(26, 31),
+                        *range(33, 37), 42, 47, *range(49, 54), *range(55, 60), 61, 65, 73,
+                        81, 87, 90, 91, *range(111, 119), *range(122, 126), 138, 142),
+    "RESTART_APP": (8, 11, 13, 25, 31, 32, *range(39, 42), 60, *range(68, 73),
+                    *range(75, 78), 80, *range(82, 87), 88, 89, 94, *range(96, 106),
+                    *range(126, 136), 139),
+    "IGNORE": (14, 37, 38, 43, 44, 63, 66, 67, 92, 93, *range(106, 109), 121, 137, 141,
+               152, 153, 157, 160, 161),
+    "RESET_GPU": (46, 62, 64, 95, 109, 110, 119, 120, 136, 140, 143, 155, 156, 158),
+    "WORKFLOW_XID_45": (45,), "WORKFLOW_XID_48": (48,), "CHECK_MECHANICALS": (54,),
+    "WORKFLOW_NVLINK_ERR": (74,), "UPDATE_SWFW": (78,), "RESTART_BM": (79,),
+    "WORKFLOW_NVLINK5_ERR": tuple(range(144, 151)), "RESTART_VM": (151,), "XID_154": (154,),
+    "CHECK_UVM": (159,), "": tuple(range(162, 173)),
+}
+XID_BUCKETS: dict[int, str] = {code: bucket for bucket, codes in _BUCKET_CODES.items()
+                               for code in codes}
+# What each bucket asks of the job. A reset, a reboot, a hardware or firmware
+# check, or an NVLink workflow: the fault stays with the GPU, run the job
+# elsewhere. RESTART_APP: the error was contained to the program's context, run
+# it again. CONTACT_SUPPORT (codes NVIDIA lists as unused on current GPUs): no
+# reading of the cause, so the unexplained-failure answer. IGNORE, CHECK_UVM and
+# the two group workflows: nothing on their own (Xid 154 names the recovery the
+# driver now wants, Xid 45 the Xid it follows: see xid_action).
+BUCKET_ACTIONS = {
+    "RESET_GPU": "requeue_exclude", "RESTART_BM": "requeue_exclude",
+    "RESTART_VM": "requeue_exclude", "CHECK_MECHANICALS": "requeue_exclude",
+    "UPDATE_SWFW": "requeue_exclude", "WORKFLOW_XID_48": "requeue_exclude",
+    "WORKFLOW_NVLINK_ERR": "requeue_exclude", "WORKFLOW_NVLINK5_ERR": "requeue_exclude",
+    "RESTART_APP": "requeue", "CONTACT_SUPPORT": "requeue",
+    "IGNORE": "none", "CHECK_UVM": "none", "XID_154": "none", "WORKFLOW_XID_45": "none",
+}
+# The program's own faults that the GPU reported (catalog likely_cause "app":
+# RESTART_APP or IGNORE with CHECK_APP/CUDA, the Xid 13/31 workflows, XID_137_FLOW):
+# a retry repeats them.
+APPLICATION_XIDS = frozenset({11, 13, 25, 31, 43, 69, 108, 137})
+# Codes without a bucket: power-smoothing notices (162-165) inform, the
+# confidential-computing, PCIe, WPR and DBE-detail codes (166-172) are fatal.
+_UNBUCKETED_ACTIONS = {**{c: "none" for c in range(162, 166)},
+                       **{c: "requeue_exclude" for c in range(166, 173)}}
+XID_ACTIONS: dict[int, str] = {
+    code: ("stop" if code in APPLICATION_XIDS else
+           _UNBUCKETED_ACTIONS[code] if bucket == "" else BUCKET_ACTIONS[bucket])
+    for code, bucket in XID_BUCKETS.items()}
+# The catalog's job_recovery_action column, bucket by bucket (kmsg.FATAL_XIDS is
+# its requeue_exclude_node set; CONTACT_SUPPORT codes are unassigned there).
+REQUEUE_XIDS = frozenset(c for c, a in XID_ACTIONS.items()
+                         if a == "requeue" and XID_BUCKETS[c] != "CONTACT_SUPPORT")
+STOP_XIDS = frozenset(c for c, a in XID_ACTIONS.items() if a == "stop")
+QUIET_XIDS = frozenset(c for c, a in XID_ACTIONS.items() if a == "none")
+# Xid 45 (ROBUST_CHANNEL_PREEMPTIVE_REMOVAL) since driver 550 names its cause:
+# "Ch 00000001 caused by previous Xid 149".
+_PREVIOUS_XID = re.compile(r"\bcaused by previous Xid (\d{1,6})\b")
 
 
 @dataclass(frozen=True)
@@ -327,16 +378,26 @@ def _check_examples(where: str, rule: Rule) -> None:
 def xid_action(xid: int, message: str = "", kind: str = "xid") -> str:
     """What an XID (or NVSwitch SXid) event alone suggests for the job.
 
-    Fatal by :func:`slurm_hooks.kmsg.is_fatal` -> ``requeue_exclude``; else the
-    catalog bucket: ``requeue``, ``stop`` (an application fault the GPU
-    reported) or ``none`` (informational, contained, or marked non-fatal).
-    Codes the catalog leaves unassigned -> ``requeue``; SXids not fatal -> ``none``.
+    The catalog's bucket (:data:`XID_ACTIONS`): ``requeue_exclude`` (the fault
+    stays with the GPU), ``requeue`` (contained to the program's context, or a
+    code with no reading), ``stop`` (the program's own fault) or ``none``
+    (informational: it matters only with a failure it explains). Codes that come
+    in groups are read together: an Xid 45 that names the Xid it follows
+    ("caused by previous Xid 149") is read as that one; Xid 154 asks for what its
+    new recovery action says (:func:`slurm_hooks.kmsg.is_fatal`); a fatal code
+    whose text says non-fatal (the NVLink5 codes 144-150) is ``none``. Codes
+    beyond the catalog -> ``requeue``; SXids -> ``requeue_exclude`` when fatal,
+    else ``none``.
     """
     event = {"xid": xid, "kind": kind, "message": message}
+    if kind == "sxid":
+        return "requeue_exclude" if kmsg.is_fatal(event) else "none"
+    if xid == 45:
+        named = _PREVIOUS_XID.search(message)
+        if named and int(named.group(1)) != 45:
+            return xid_action(int(named.group(1)))
     if kmsg.is_fatal(event):
         return "requeue_exclude"
-    if kind == "sxid" or xid in kmsg.FATAL_XIDS or xid in QUIET_XIDS:
+    if xid in kmsg.FATAL_XIDS:
         return "none"
-    if xid in STOP_XIDS:
-        return "stop"
-    return "requeue"
+    return XID_ACTIONS.get(xid, "requeue")

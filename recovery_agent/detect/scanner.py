@@ -22,8 +22,15 @@ Multi-line context:
   the same detection: its root-cause block (exit code, signal, host, rank)
   decides the rule, host and rank.
 * Rules with ``lookback`` take a PCI address or GPU UUID from the few lines
-  before a hit when the hit names none (kernel messages wrapped over lines);
-  a hit on a node's kernel-log line (``... HOST kernel: ...``) gets that host.
+  before a hit when the hit names none (kernel messages wrapped over lines).
+
+A detection's host is the one its rule's ``host`` group names (a peer); a
+rule without that group gets the node the line's prefixes name
+(:func:`line_origin`: syslog, journald and dmesg formats, a monitoring
+wrapper quoting a syslog line, NCCL's ``host:pid:tid [dev]``, UCX's
+``[host:pid:tid]`` and Open MPI's ``[host:pid]``, srun's ``error: node: task
+N:``, pdsh's ``host:``, a Ray worker's ``ip=``), and PyTorch's ``[rankN]:``
+(or Open MPI's ``[job,N]<stdout>:``) gives the rank when the rule names none.
 
 Every line is cut to ``max_line`` bytes (64 KiB) before matching, CR/LF
 endings are accepted, invalid UTF-8 is replaced: any input is scanned.
@@ -33,7 +40,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import replace
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from slurm_hooks import kmsg
 
@@ -41,7 +48,7 @@ from .engines import TRACEBACK, make_engine
 from .model import Detection, Evidence
 from .patterns import Rule, xid_action
 
-__all__ = ["MAX_LINE", "Scanner", "ScanStream"]
+__all__ = ["MAX_LINE", "Origin", "Scanner", "ScanStream", "line_origin"]
 
 MAX_LINE = 64 * 1024
 EVIDENCE_MAX = 2048
@@ -56,11 +63,6 @@ _EXC_COLON = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*[a-z]\w*:(?:\s.*)?$")
 _EXC_BARE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\s*$")
 _SUMMARY_FIELD = re.compile(r"^\s*(host|rank|exitcode|traceback)\s*:\s*(.*?)\s*$")
 _PCI = re.compile(r"\b(?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?\b")
-# "Mar  3 02:11:09 HOST kernel: ..." (syslog) or "2025-03-03T02:11:09+0000 HOST kernel: ..."
-_SYSLOG_HOST = re.compile(r"^(?:[A-Z][a-z]{2} +\d+ [\d:]{8}|\d{4}-\d\d-\d\dT\S+) "
-                          r"([A-Za-z0-9][\w.-]*) kernel: ")
-# NCCL's line prefix "host:pid:tid [dev] ", maybe after a timestamp
-_NCCL_PREFIX = re.compile(r"^(?:\S+ ){0,2}?([A-Za-z][\w.-]*):\d+:\d+ \[\d+\] ")
 _GPU_UUID = re.compile(r"\bGPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")
 _SEVERITY_BY_ACTION = {"requeue_exclude": "critical", "requeue": "error", "stop": "error",
                        "kill_requeue": "error", "none": "warning"}
@@ -152,17 +154,16 @@ class Scanner:
             action = xid_action(xid, message, kind)
             severity = _SEVERITY_BY_ACTION[action]
             pci = pci or (event or {}).get("pci")
-        host = groups.get("host") or None
-        if host is None and " kernel: " in line:   # a node's kernel log names its host
-            found = _SYSLOG_HOST.match(line)
-            host = found.group(1) if found else None
-        if host is None and rule.host_from_prefix:
-            found = _NCCL_PREFIX.match(line)
-            host = found.group(1) if found else None
+        host, rank = groups.get("host") or None, _int(groups.get("rank"))
+        if "host" not in rule.compiled.groupindex or rank is None:
+            origin = line_origin(line)   # the node (and rank) the line's prefixes name
+            if "host" not in rule.compiled.groupindex:
+                host = origin.host
+            rank = origin.rank if rank is None else rank
         evidence = (Evidence(line[:EVIDENCE_MAX], source, lineno),) + more
         return Detection(rule=rule.id, category=rule.category, severity=severity,
                          action_hint=action, evidence=evidence, host=host,
-                         rank=_int(groups.get("rank")), pci=pci, gpu=gpu, xid=xid,
+                         rank=rank, pci=pci, gpu=gpu, xid=xid,
                          detail=detail or rule.description, role=rule.role,
                          emitter=rule.emitter)
 
@@ -445,3 +446,104 @@ def _look_back(lines: Sequence[str]) -> tuple[str | None, str | None]:
         if match:
             return None, match.group()
     return None, None
+
+
+# -- where a line was printed: the prefixes log formats and launchers add ----------
+
+class Origin(NamedTuple):
+    """What a line's prefixes say about where it was printed (all optional)."""
+
+    host: str | None = None      # the node: a name, else an IP address
+    rank: int | None = None      # global rank: PyTorch ``[rankN]:``, Open MPI ``[job,N]<stdout>:``
+    task: int | None = None      # srun ``--label`` task number
+    address: str | None = None   # an IP address the line names its node by (pdsh, Ray)
+
+
+_HOST = r"[A-Za-z0-9][\w.-]*"
+_IPV4 = r"\d{1,3}(?:\.\d{1,3}){3}"
+_DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
+_MONTH = r"[^\W\d_]{3,4}\.?"   # Jan, and journald's localized forms (jan., févr.)
+_TAG = r"[\w./@()-]+(?:\[\d+\])?:(?: |$)"
+# RFC 3164 and journald short/short-precise ("Mar  3 02:11:09 HOST tag: "),
+# journald short-full ("Mon 2025-03-03 02:11:09 UTC HOST tag: "), RFC 3339
+# (rsyslog high precision, journald short-iso: "2025-03-03T02:11:09.1+00:00 HOST tag: ")
+_SYSLOG_CORE = (r"(?:<\d{1,3}>)?(?:(?:" + _DAY + r" )?" + _MONTH + r" {1,2}\d{1,2} [\d:]{8}"
+                r"(?:\.\d+)?(?: \d{4})?|" + _DAY + r" \d{4}-\d\d-\d\d [\d:]{8}(?:\.\d+)? \w+"
+                r"|\d{4}-\d\d-\d\dT[\d:]{8}(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?) (" + _HOST + r") "
+                + _TAG)
+_SYSLOG = re.compile(_SYSLOG_CORE)
+_SYSLOG_QUOTED = re.compile(r"(?:(?<=[\s\"'=>|\[(])|^)" + _SYSLOG_CORE)   # inside a wrapper
+_SYSLOG_5424 = re.compile(r"<\d{1,3}>1 \S+ (" + _HOST + r") \S+ \S+ \S+ ")
+# journald short-monotonic / short-unix: only with a kernel or daemon[pid] tag
+_JOURNAL_CLOCK = re.compile(r"(?:\[ *\d+\.\d+(?: <[ \d.]+>)?\]|\d{9,}\.\d+) (" + _HOST
+                            + r") (?:kernel|[\w.@-]+\[\d+\]): ")
+# prefixes that name nothing: timestamps of collectors, NCCL >= 2.26, dmesg
+# (-T), torchrun's [defaultN]: (a local rank)
+_STAMP = re.compile(r"\s*(?:\d{4}-\d\d-\d\d[T ][\d:]{8}(?:[.,]\d+)?(?: ?(?:Z|[+-]\d\d:?\d\d|UTC))?"
+                    r":? |\[\d{4}-\d\d-\d\d[T ][\d:]{8}(?:[.,]\d+)?\] |\d\d:\d\d:\d\d(?:\.\d+)? "
+                    r"|" + _DAY + " " + _MONTH + r" {1,2}\d{1,2} [\d:]{8} \d{4} ?"  # ctime: mpirun
+                    r"|\[default\d+\]: ?)")
+_KERNEL_STAMP = re.compile(r"\s*(?:\[ *\d+\.\d+\]|\[" + _DAY + " " + _MONTH
+                           + r" {1,2}\d{1,2} [\d:]{8} \d{4}\]) ")
+_TASK = re.compile(r"\s*(\d{1,6}): ")
+_RANK = re.compile(r"\[rank(\d+)\]: ?")
+_MPI_RANK = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>: ?")
+_RAY = re.compile(r"\(\w+ pid=\d+(?:, ip=(" + _IPV4 + r"))?[^)]*\) ")
+_NAMED = re.compile(r"(?:srun: error: |slurmstepd-|pdsh@\S+: )([A-Za-z0-9][\w.\[\],-]*)"
+                    r"(?:: tasks? [\d,\[\]-]+)?: |\[\d\d/\d\d/\d{4} [\d:]{8}\]\[(" + _HOST
+                    + r")\]\[\d+\]:")   # ... and cuda_memtest's [date time][host][dev]:
+_NCCL = re.compile(r"([\w.][\w.-]*)(?::\w+:\w+)? \[\d+\] (?=(?:\S+:\d+ (?:\(\w+\) )?)?NCCL )")
+# UCX's [host:pid:thread] (pid padded), Open MPI's signal report [host:pid]
+_UCX = re.compile(r"\[(" + _HOST + r"):\d+(?: *:\w+(?::\d+)?)?\]\s")
+_PDSH = re.compile(r"(" + _IPV4 + r"|(?=[a-z0-9.-]*\d)[a-z0-9][a-z0-9.-]*): ")
+_NOT_A_HOST = re.compile(r"(?:(?:rank|step|epoch|iter|task|python|cuda)[\d.]*|0x\w*|nvidia\S*"
+                         r"|(?:ib|eth|en[ops]|bond|br|veth|nvme|loop|md|dm-|sd[a-z])\d+\w*)$")
+# a monitoring wrapper's label: host="n1" (Loki, Prometheus), "nodeName":"n1" (JSON)
+_LABEL = re.compile(r"(?:\b(?:hostname|host|nodename|node|instance)=\"|\"(?:hostname|host|nodename"
+                    r"|nodeName|node_name|node)\": ?\")(" + _HOST + r")")
+
+
+def line_origin(line: str) -> Origin:
+    """The node, rank and srun task a line's prefixes name (:class:`Origin`).
+
+    Prefixes are peeled from the start of the line; the innermost name wins (a
+    pdsh IP address before NCCL's host name gives the name, and the address).
+    A line no prefix names may quote a syslog line (a monitoring wrapper) or
+    carry a ``host="..."`` label."""
+    host = address = None
+    rank = task = None
+    pos, kernel = 0, False
+    for _ in range(10):
+        while pos < len(line) and line[pos] in " \t":
+            pos += 1
+        found = (_SYSLOG.match(line, pos) or _SYSLOG_5424.match(line, pos)
+                 or _JOURNAL_CLOCK.match(line, pos))
+        if found:
+            host, pos = found.group(1), found.end()
+            continue
+        found = _STAMP.match(line, pos)
+        if found is None and (found := _KERNEL_STAMP.match(line, pos)):
+            kernel = True
+        if found is None and task is None and (found := _TASK.match(line, pos)):
+            task = int(found.group(1))
+        if found is None and (found := _RANK.match(line, pos) or _MPI_RANK.match(line, pos)):
+            rank = int(found.group(1))
+        if found is None and (found := _RAY.match(line, pos)):
+            address = found.group(1) or address
+        if found is None and (found := _NAMED.match(line, pos) or _NCCL.match(line, pos)
+                              or _UCX.match(line, pos)):
+            host = next(name for name in found.groups() if name)
+        if found is None and not kernel and (found := _PDSH.match(line, pos)):
+            name = found.group(1)
+            if _NOT_A_HOST.match(name):
+                break
+            host = name
+        if found is None:
+            break
+        pos = found.end()
+    if host is not None and re.fullmatch(_IPV4, host):
+        address, host = host, None
+    if host is None and address is None and pos < len(line):
+        found = _SYSLOG_QUOTED.search(line, pos) or _LABEL.search(line, pos)
+        host = found.group(1) if found else None
+    return Origin(host.rstrip(".") if host else address, rank, task, address)

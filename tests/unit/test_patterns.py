@@ -90,6 +90,24 @@ def test_every_line_rule_compiles_in_hyperscan(rule):
     ("Segmentation fault (core dumped)", "segfault"),
     ("slurmstepd: error: *** JOB 1 ON n1 CANCELLED AT 2025-01-01T00:00:00 DUE TO TIME LIMIT ***",
      "system_software"),
+    # the communication families, on real lines (the packs' comments say where from)
+    ("[0] misc/socket.cc:71 NCCL WARN socketProgress: Connection closed by remote peer "
+     "10.10.1.3<36138>", "interconnect"),
+    ("socketStartConnect: Connect to 10.45.234.83<47527> failed : Software caused connection "
+     "abort", "interconnect"),
+    ("...-48:34050:34121 [0] transport/net_ib.cc:93 NCCL WARN NET/IB : Got async event : port "
+     "error", "interconnect"),
+    ("gpu47:4962:5097 [1] transport/nvls.cc:223 NCCL WARN Cuda failure 999 'unknown error",
+     "system_software"),
+    ("[W514 18:33:36.536327028 TCPStore.cpp:138] [c10d] recvValueWithTimeout failed on "
+     "SocketImpl(fd=3, addr=[localhost]:34658, remote=[localhost]:1234): Failed to recv, got 0 "
+     "bytes. Connection was likely closed. Did the remote server shutdown or crash?",
+     "system_software"),
+    ("[E socket.cpp:793] [c10d] The client socket has timed out after 60s while trying to "
+     "connect to (IP1, 2222).", "nccl_timeout_hang"),
+    ("[1661938336.553723] [vhost-node1:1499693:6]           flush.c:26   UCX  ERROR req "
+     "0x7fc2d40b3c00: error during flush: Endpoint timeout, flush comp 0x7fc2d40b3c90 count "
+     "reduced to 2", "interconnect"),
 ])
 def test_issue_families_are_covered(line, category):
     found = SCANNER.scan_lines([line])
@@ -106,6 +124,16 @@ def test_issue_families_are_covered(line, category):
     "/lib/python3.11/site-packages/torch/distributed/launch.py:208: FutureWarning: deprecated",
     "6,3973,227996636,-;nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid "
     "context, skipping further processing",
+    # NCCL and c10d chatter that precedes a working run (pytorch/pytorch#68893,
+    # Oneflow-Inc/oneflow#3586, NVIDIA/nccl#1618, meta-pytorch/torchtune#2676)
+    "[0m ip-172-31-0-137:14605:14673 [0] misc/ibvwrap.cc:63 NCCL WARN Failed to open "
+    "libibverbs.so[.1]",
+    "worker:101542:101934 [0] NCCL INFO Call to connect returned Connection timed out, retrying",
+    "[03/16][2025-02-25 15:46:48,389] [misc/socket.cc:602] [s11gn1268:pid=3987720] NCCL WARN "
+    "socketPollConnect poll() failed, ret 1, error Connection timed out, revents 8, connect to "
+    "172.16.30.229:39953",
+    "[W503 01:52:07.597517393 socket.cpp:204] [c10d] The hostname of the client socket cannot "
+    "be retrieved. err=-3",
 ])
 def test_benign_noise_does_not_fire(line):
     assert SCANNER.scan_lines([line]) == []
@@ -214,3 +242,127 @@ def test_xid_buckets_follow_the_catalog():
 ])
 def test_xid_action(xid, message, kind, action):
     assert xid_action(xid, message, kind) == action
+
+
+# -- emitter families: GPU, CUDA, kernel, Slurm, OOM, signals, filesystems --------
+# Real lines only: each is quoted from the public report the rule's comment in
+# etc/patterns/ names.
+
+@pytest.mark.parametrize("line, rule, category, action", [
+    # node-level software faults exclude the node, they do not stop the job
+    ("[task 2025-07-01T05:06:30.005+00:00] [train] [nvidia-smi(stdout)] Failed to initialize "
+     "NVML: Driver/library version mismatch", "kernel.driver_unavailable", "system_software",
+     "requeue_exclude"),
+    ("[ 8957.099615] NVRM: API mismatch: the client has the version 570.148.08, but",
+     "kernel.driver_api_mismatch", "system_software", "requeue_exclude"),
+    ("Unable to determine the device handle for GPU0000:03:00.0: Unknown Error",
+     "kernel.gpu_lost", "gpu_hardware", "requeue_exclude"),
+    ("[   23.991672] NVRM: GPU 0000:07:00.0: RmInitAdapter failed! (0x61:0x56:1770)",
+     "kernel.gpu_init_failed", "system_software", "requeue_exclude"),
+    ("[   24.302465] NVRM: GPU6 _kgspIsHeartbeatTimedOut: Heartbeat timed out, currentTimeMs "
+     "812751949 heartbeat 1899482 heartbeatWithOffsetMs 812745879 diff 6070 timeout 5200",
+     "kernel.gsp_timeout", "gpu_hardware", "requeue_exclude"),
+    ("[<ffffffffc33d41c2>] uvm_spin_loop+0xb2/0xe0 [nvidia_uvm]", "kernel.nvidia_driver_stack",
+     "system_software", "requeue_exclude"),
+    ("Failed to initialize NVML: Unknown Error", "kernel.nvml_init_unknown", "system_software",
+     "requeue"),
+    # CUDA: may be the GPU / the node's driver stack / the program / OOM
+    ("ERROR 02-21 06:30:25 core.py:291] RuntimeError: CUDA error: an illegal memory access was "
+     "encountered", "cuda.illegal_address", "cuda_error", "requeue_exclude"),
+    ("Failed to allocate device vector A (error code unknown error)!", "cuda.unknown_error",
+     "cuda_error", "requeue_exclude"),
+    ("Cuda failure 802 'system not yet initialized'", "cuda.system_not_ready",
+     "system_software", "requeue_exclude"),
+    ("RuntimeError: CUDA error: device-side assert triggered", "cuda.device_assert",
+     "application", "stop"),
+    ("[11/21/2021 13:15:17][nis-arch][0]:ERROR: CUDA error: no kernel image is available for "
+     "execution on the device, line 590, file /home/nis/Downloads/cuda_memtest-dev/tests.cu",
+     "cuda.no_kernel_image", "application", "stop"),
+    ("RuntimeError: CUDA out of memory. Tried to allocate 60.00 MiB (GPU 0; 11.17 GiB total "
+     "capacity; 505.96 MiB already allocated; 12.50 MiB free; 530.00 MiB reserved in total by "
+     "PyTorch)", "oom.cuda_foreign_memory", "oom", "requeue_exclude"),
+    # kernel messages by format
+    ("[35881895.791331] Out of memory: Kill process 21518 (python2) score 752 or sacrifice child",
+     "oom.kernel_killer", "oom", "stop"),
+    ("Memory cgroup out of memory: Killed process 629 (onmt_train) total-vm:14119556kB, "
+     "anon-rss:6538204kB, file-rss:80652kB, shmem-rss:16kB, UID:0 pgtables:13432kB "
+     "oom_score_adj:0", "oom.kernel_killer", "oom", "stop"),
+    ("[11189.970968] EDAC MC3: 1 UE memory read error on CPU_SrcID#1_MC#1_Chan#2_DIMM#0 "
+     "(channel:2 slot:0 page:0xb757589 offset:0x140 grain:32 -  OVERFLOW err_code:0101:0092 "
+     "socket:1 imc:1 rank:0 bg:3 ba:0 row:1a1e8 col:180)", "kernel.memory_uncorrectable",
+     "system_software", "requeue_exclude"),
+    ("mce: [Hardware Error]: CPU 7: Machine Check Exception: 5 Bank 0", "kernel.machine_check",
+     "system_software", "requeue_exclude"),
+    ("[  +0.000001] pcieport 0000:00:03.0: AER: Multiple Uncorrected (Fatal) error received: "
+     "0000:00:03.0", "kernel.pcie_aer_fatal", "gpu_hardware", "requeue_exclude"),
+    ("kernel:[ 5508.496754] watchdog: BUG: soft lockup - CPU#72 stuck for 23s! "
+     "[cuda-EvtHandlr:4856]", "kernel.soft_lockup", "system_software", "requeue_exclude"),
+    ("[  721.028170] INFO: task nvc:[driver]:5403 blocked for more than 120 seconds.",
+     "kernel.hung_task", "system_software", "requeue"),
+    # segfault traps naming the library: not the user's code
+    ("[Thu Oct 10 03:06:53 2024] pt_main_thread[2536443]: segfault at 7f797fe00000 ip "
+     "00007f7c7ac69996 sp 00007f7c12fd7c30 error 4 in libnccl.so.2[7f7c7ac00000+d3d3000]",
+     "signal.kernel_segfault_comm_library", "segfault", "requeue"),
+    ("[Sat Aug 23 11:05:44 2025] llama-server[383019]: segfault at 20e403fd8 ip "
+     "00007fe8ef318637 sp 00007fe84ee2ff80 error 4 in libcuda.so.575.64.05[518637,"
+     "7fe8eefc5000+e97000] likely on CPU 114 (core 50, socket 0)",
+     "signal.kernel_segfault_driver_library", "segfault", "requeue"),
+    ("[152970.213392] llama-parallel[398992]: segfault at 8 ip 00007f8fb6e5bde0 sp "
+     "00007ffd3eda32e8 error 4 in libllama.so[7f8fb6e2c000+103000] likely on CPU 10 (core 20, "
+     "socket 0)", "signal.kernel_segfault", "segfault", "stop"),
+    # filesystems: a full disk stops with its reason, a failed write is retried
+    ("OSError: [Errno 122] Disk quota exceeded", "fs.quota", "system_software", "stop"),
+    ("RuntimeError: write(): fd 29 failed with Input/output error", "fs.io_error",
+     "system_software", "requeue"),
+    ("Lustre: fs-abcd12345-OST0000-osc-XXXXX: This client was evicted by fs-abcd12345-OST0000; "
+     "in progress operations using this service will fail.", "fs.lustre_evicted",
+     "system_software", "requeue"),
+    ("kernel: EXT4-fs error (device sda1): ext4_journal_check_start:83: comm kworker: Detected "
+     "aborted journal", "fs.local_disk_error", "system_software", "requeue_exclude"),
+])
+def test_emitter_families_classify_real_lines(line, rule, category, action):
+    found = SCANNER.scan_lines([line])
+    assert [(d.rule, d.category, d.action_hint) for d in found] == [(rule, category, action)]
+
+
+@pytest.mark.parametrize("line, rule, role", [
+    ("srun: error: taurusi2031: tasks 10-11: Exited with exit code 1", "slurm.task_exit",
+     "exit"),
+    ("slurmstepd: error: *** STEP 440575.0 ON nid001277 CANCELLED AT 2023-12-05T07:16:01 ***",
+     "slurm.cancelled", "exit"),
+    ("slurmstepd: *** JOB 1479012 CANCELLED AT 2015-02-04T06:33:25 *** on sh-2-3",
+     "slurm.cancelled", "exit"),
+    ("terminate called after throwing an instance of 'c10::DistBackendError'", "signal.abort",
+     "exit"),
+    ("prterun noticed that process rank 7 with PID 0 on node gpu0304 exited on signal 6 "
+     "(Aborted).", "signal.mpi_rank_signal", "exit"),
+])
+def test_task_exits_and_cancellations_are_exits_not_application_errors(line, rule, role):
+    found = SCANNER.scan_lines([line])
+    assert [(d.rule, d.role) for d in found] == [(rule, role)]
+    assert found[0].action_hint in ("requeue", "none")
+
+
+@pytest.mark.parametrize("line, host", [
+    ("srun: error: Node failure on jean-zay-iam37", "jean-zay-iam37"),
+    ("slurmstepd-irene2430: error: Munge decode failed: Unauthorized credential for client "
+     "UID=37773 GID=31889 (49 retries left ...)", "irene2430"),
+    ("srun: error: Task launch for StepId=10301666.2 failed on node gpu016: Socket timed out on "
+     "send/recv operation", "gpu016"),
+])
+def test_slurm_lines_name_their_node(line, host):
+    assert [d.host for d in SCANNER.scan_lines([line])] == [host]
+
+
+def test_the_node_failure_line_does_not_blame_the_node_that_printed_it():
+    # slurmstepd on jean-zay-iam17 reports that another node of the job failed
+    line = ("slurmstepd: error: *** STEP 1943824.0 ON jean-zay-iam17 CANCELLED AT "
+            "2023-03-06T03:17:51 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***")
+    assert [(d.rule, d.host) for d in SCANNER.scan_lines([line])] == [("slurm.node_failure", None)]
+
+
+def test_stack_frames_in_the_nvlink_code_are_the_fabric():
+    line = ("192.168.11.119: kern: warning: [2026-04-22T21:27:51.289597368Z]:  "
+            "knvlinkSyncLinkMasksAndVbiosInfo_IMPL+0xb7/0x1a0 [nvidia]")
+    assert [(d.rule, d.category) for d in SCANNER.scan_lines([line])] == [
+        ("kernel.nvidia_nvlink_stack", "gpu_hardware")]

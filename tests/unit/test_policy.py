@@ -378,7 +378,9 @@ def test_action_mode_stores_a_proposed_recommendation_with_its_audit(tmp_path):
     assert rec["pattern_ids"] == ["xid.79"]
     assert rec["attribution"] == {"blame": "node", "category": "gpu_hardware",
                                   "confidence": 0.95, "nodes": ["n1"],
-                                  "gpus": ["0000:3b:00"], "reason": HW.reason}
+                                  "gpus": ["0000:3b:00"], "reason": HW.reason,
+                                  "action": "requeue_exclude", "signature": "",
+                                  "suspects": [], "unexplained": False}
     assert rec["restart_at"] == 0 and rec["attempt"] == 0
     assert (rec["job_id"], rec["cluster"], rec["env"], rec["trigger"]) == \
         ("77", "c1", "prod", "ended")
@@ -727,3 +729,70 @@ def test_old_monitor_mode_drains_do_not_fill_the_partition_share(tmp_path):
                        [r.now - 2 * 86400, old["id"]])
     r.decider._drained_at.clear()                             # (the hourly ledger)
     assert r.decider._over_budget("n2", r.now) == ""          # a two-day-old one does not
+
+
+# -- the job's earlier attempts, from the store (History.previous) ----------------------
+
+# vllm6976-watchdog-illegal-memory-access (dev corpus): a CUDA error that may be the GPU
+ILLEGAL = Verdict("unknown", "cuda_error", "requeue", 0.8, signature="cuda:illegal_address",
+                  reason="cuda.illegal_address: Process group watchdog thread terminated with "
+                         "exception: CUDA error: an illegal memory access was encountered")
+
+
+def test_a_cuda_error_that_follows_the_job_onto_other_nodes_stops_on_its_second_time(tmp_path):
+    r = rig(tmp_path)
+    first = slurm_job(nodes=("n1", "n2"))
+    pk = register(r, first)
+    out = run(r, pk, first, ILLEGAL)
+    assert (out.decision.action, out.decision.rule) == ("requeue", "requeue")
+    assert r.store.job_rec(pk, 0)["attribution"]["signature"] == "cuda:illegal_address"
+    second = slurm_job(restarts=1, nodes=("n3", "n4"))
+    r.store.record_attempt(pk, second)
+    out = run(r, pk, second, ILLEGAL)
+    assert (out.decision.action, out.decision.rule) == ("stop", "recurring")
+    assert "attempt 0 on n1, n2" in out.decision.reason
+
+
+def test_a_cuda_error_that_stays_with_a_node_excludes_it_with_a_strike(tmp_path):
+    r = rig(tmp_path)
+    first = slurm_job(nodes=("n1", "n2"))
+    pk = register(r, first)
+    run(r, pk, first, ILLEGAL)
+    second = slurm_job(restarts=1, nodes=("n2", "n3"))
+    r.store.record_attempt(pk, second)
+    out = run(r, pk, second, ILLEGAL)
+    assert (out.decision.action, out.decision.blamed) == ("requeue_exclude", ("n2",))
+    assert [s["node"] for s in r.store.strikes()] == ["n2"]
+
+
+def test_a_peer_named_by_two_attempts_is_excluded(tmp_path):
+    r = rig(tmp_path)
+    # ho-nccl1698-ib-status12-intermittent-retry-passes: the peer 192.168.3.5 is n5
+    peer = Verdict("unknown", "interconnect", "requeue", 0.8, suspects=("n5",),
+                   reason="nccl.ib_completion_from_peer: Got completion from peer "
+                          "192.168.3.5<53908> with status=12")
+    first = slurm_job(nodes=("n4", "n5"))
+    pk = register(r, first)
+    assert run(r, pk, first, peer).decision.action == "requeue"
+    second = slurm_job(restarts=1, nodes=("n5", "n6"))
+    r.store.record_attempt(pk, second)
+    out = run(r, pk, second, peer)
+    assert (out.decision.action, out.decision.blamed) == ("requeue_exclude", ("n5",))
+
+
+def test_unexplained_failures_count_against_the_budget_until_a_checkpoint(tmp_path):
+    r = rig(tmp_path)
+    timeout = Verdict("unknown", "nccl_timeout_hang", "requeue", 0.6, unexplained=True,
+                      reason="nccl.watchdog_timeout: Watchdog caught collective operation "
+                             "timeout")
+    first = slurm_job()
+    pk = register(r, first)
+    assert run(r, pk, first, timeout).decision.rule == "hang"
+    second = slurm_job(restarts=1)
+    r.store.record_attempt(pk, second)
+    r.store.set_attempt_checkpoint(pk, 1, "/ckpt/step-900", 900, r.now - 60)
+    assert run(r, pk, second, timeout).decision.action == "requeue"   # it advanced
+    third = slurm_job(restarts=2)
+    r.store.record_attempt(pk, third)
+    out = run(r, pk, third, timeout)
+    assert (out.decision.action, out.decision.rule) == ("stop", "unknown_budget")

@@ -18,6 +18,7 @@ from tests.benchmarks.bench_scanner import generate_log
 RULES = load_rules()
 DEV = Path(__file__).resolve().parents[1] / "fixtures" / "corpus" / "dev_failures.jsonl"
 EXTRA = Path(__file__).resolve().parents[1] / "fixtures" / "corpus_extra.jsonl"
+TUNE = Path(__file__).resolve().parents[1] / "fixtures" / "corpus" / "public_tune.jsonl"
 needs_hyperscan = pytest.mark.skipif(hyperscan_probe() is not None,
                                      reason=hyperscan_probe() or "")
 
@@ -65,6 +66,21 @@ def test_engines_agree_on_the_corpus(re_scanner, hs_scanner):
     for row in rows:
         assert re_scanner.scan_lines(row["lines"]) == hs_scanner.scan_lines(row["lines"]), \
             row["id"]
+
+
+@needs_hyperscan
+def test_engines_agree_on_the_tune_split_hosts_and_ranks(re_scanner, hs_scanner):
+    """Real logs behind every kind of prefix: the same detections, hosts and
+    ranks from either engine (the prefixes are read once a rule has fired)."""
+    if not TUNE.exists():
+        pytest.skip("tune split not present")
+    rows = [json.loads(line) for line in TUNE.read_text().splitlines() if line.strip()]
+    named = 0
+    for row in rows:
+        found = re_scanner.scan_lines(row["lines"])
+        assert found == hs_scanner.scan_lines(row["lines"]), row["id"]
+        named += any(d.host for d in found)
+    assert named >= 20
 
 
 @needs_hyperscan
