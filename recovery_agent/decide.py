@@ -205,7 +205,7 @@ class Decider:
                       "gpus": list(verdict.gpus), "reason": verdict.reason,
                       # what the next attempt's decision reads (History.previous)
                       "action": verdict.action, "signature": verdict.signature,
-                      "suspects": list(verdict.suspects),
+                      "suspects": list(verdict.suspects), "where": list(verdict.where),
                       "unexplained": verdict.unexplained},
                   "pattern_ids": sorted({d.rule for d in used}), "evidence": evidence,
                   "restart_at": attempt,

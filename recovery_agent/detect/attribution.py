@@ -439,7 +439,14 @@ def attribute(detections: Sequence[Detection],
         verdict = _blame(winner, chosen, action, tier, context)
         if tier == 1:
             verdict = _read_cause(verdict, winner, chosen, weighed, combined, context)
+    verdict = replace(verdict, where=_where_named(d for _, d in chosen))
     return across_attempts(verdict, context.nodes, context.previous)
+
+
+def _where_named(detections: Iterable[Detection]) -> tuple[str, ...]:
+    """The hosts and PCI addresses the lines name, in order, each once."""
+    found = list(detections)
+    return tuple(_unique([*_hosts(found), *(d.pci for d in found)]))
 
 
 def _tier(d: Detection) -> int:

@@ -88,7 +88,9 @@ class Verdict:
     ``segfault``, ``write``: see :data:`SIGNATURES`; ``done``: the work had
     finished before it); ``suspects`` are hosts the evidence names without
     proving them at fault (a peer, a store host): named again by a later
-    attempt, they are excluded.
+    attempt, they are excluded. ``where`` records where the lines the verdict
+    rests on say the failure happened (hosts, PCI addresses), whoever is to
+    blame: an OOM on node107 is stopped, and the record still says node107.
     """
 
     blame: str
@@ -104,3 +106,4 @@ class Verdict:
     unexplained: bool = False
     signature: str = ""
     suspects: tuple[str, ...] = ()
+    where: tuple[str, ...] = ()

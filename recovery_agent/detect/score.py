@@ -10,8 +10,9 @@ patterns test`` does, and the verdict is compared with the labels:
 * **category**: the verdict's category (``benign``: no category at all);
 * **action**: the verdict's coarse action (``kill_requeue`` is a requeue);
 * **node named**: of the rows whose text names the node or GPU to blame, those
-  whose verdict names one (recall); and, of the rows whose text names none, those
-  whose verdict names none;
+  whose verdict names one: to exclude (``nodes``, ``gpus``, ``links``), as a
+  suspect, or as where the failure happened (``where``) (recall); and, of the
+  rows whose text names none, those whose verdict names none;
 * **benign fired**: benign rows on which any rule fired above ``info``.
 
 A row that is not well formed is reported with its line number and field and
@@ -62,7 +63,14 @@ class Judged:
 
     @property
     def named(self) -> bool:
-        return bool(self.verdict.nodes or self.verdict.gpus or self.verdict.links)
+        v = self.verdict
+        return bool(v.nodes or v.gpus or v.links or v.suspects or v.where)
+
+    @property
+    def blamed(self) -> bool:
+        """Named as a node to exclude or a suspect (not only where it happened)."""
+        v = self.verdict
+        return bool(v.nodes or v.gpus or v.links or v.suspects)
 
     @property
     def category_ok(self) -> bool:
@@ -171,6 +179,13 @@ class Score:
                            lambda j: j.named)
 
     @property
+    def blame_recall(self) -> float | None:
+        """Of the rows whose text names the node, those whose verdict excludes
+        it or names it a suspect."""
+        return self._share([j for j in self.judged if j.row.node_attributable],
+                           lambda j: j.blamed)
+
+    @property
     def node_agreement(self) -> float | None:
         return self._share(self.judged, lambda j: j.node_ok)
 
@@ -219,7 +234,8 @@ def as_dict(result: Score) -> dict:
     return {
         "rows": len(result.judged), "problems": result.problems,
         "category": result.category, "action": result.action,
-        "node_recall": result.node_recall, "node_agreement": result.node_agreement,
+        "node_recall": result.node_recall, "blame_recall": result.blame_recall,
+        "node_agreement": result.node_agreement,
         "by_category": {k: group(v) for k, v in result.by(lambda j: j.row.category).items()},
         "by_action": {k: group(v) for k, v in result.by(lambda j: j.row.action).items()},
         "confusion_category": {"labels": cat_order, "counts": [
@@ -239,7 +255,8 @@ def _miss(j: Judged) -> dict:
             "labelled": {"category": j.row.category, "action": j.row.action,
                          "node_attributable": j.row.node_attributable},
             "got": {"category": j.category, "action": j.action,
-                    "nodes": list(j.verdict.nodes) + list(j.verdict.gpus)},
+                    "nodes": _unique([*j.verdict.nodes, *j.verdict.gpus, *j.verdict.links,
+                                      *j.verdict.suspects, *j.verdict.where])},
             "deciding_rule": j.deciding, "reason": j.verdict.reason}
 
 
@@ -254,6 +271,7 @@ def render(result: Score, title: str = "") -> str:
             f"| category right | {_pct(result.category)} |",
             f"| coarse action right | {_pct(result.action)} |",
             f"| node named where the text names it (recall) | {_pct(result.node_recall)} |",
+            f"| ... of those, named to exclude or as a suspect | {_pct(result.blame_recall)} |",
             f"| node named or not, as labelled | {_pct(result.node_agreement)} |",
             f"| benign rows where a rule fired | {len(result.benign_fired)} |", ""]
     for title_, key in (("by labelled category", lambda j: j.row.category),
@@ -289,3 +307,7 @@ def render(result: Score, title: str = "") -> str:
     if result.problems:
         out += ["", "left out:"] + [f"- {p}" for p in result.problems]
     return "\n".join(out) + "\n"
+
+
+def _unique(values: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(values))

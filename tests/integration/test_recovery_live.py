@@ -189,7 +189,24 @@ def test_python_key_error_stops_without_requeue(act_agent, submit, devcluster):
 
 # -- 5: no progress -------------------------------------------------------------------
 
-def test_three_attempts_without_a_new_checkpoint_stop(act_agent, submit, devcluster, tmp_path):
+@pytest.fixture
+def patient_agent(devcluster, tmp_path):
+    """An agent whose 'patient' environment allows as many unexplained requeues
+    as restarts, so that the checkpoint-progress guard is what stops a job."""
+    config = tmp_path / "recovery.toml"
+    config.write_text(devcluster.lay.agent_config.read_text()
+                      + '[environments.patient]\nmode = "action"\nmax_restarts = 6\n'
+                        'unknown_max_restarts = 6\n')
+    agent = AgentProcess(devcluster, db=tmp_path / "recovery.db")
+    agent.config = config
+    agent.start()
+    yield agent
+    agent.stop()
+
+
+def test_three_attempts_without_a_new_checkpoint_stop(patient_agent, submit, devcluster,
+                                                      tmp_path):
+    act_agent = patient_agent
     sched = devcluster.scheduler()
     ckpt = devcluster.lay.jobs / f"never-{tmp_path.name}"
     ckpt.mkdir()
@@ -198,7 +215,7 @@ def test_three_attempts_without_a_new_checkpoint_stop(act_agent, submit, devclus
               'WorkNCCL(SeqNum=3, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, '
               'Timeout(ms)=600000) ran for 600010 milliseconds before timing out."; exit 1')
     job_id = submit("-N1", "--requeue", "--open-mode=append",
-                    f"--recovery=act,max-restarts=6,ckpt={ckpt}", "-o", "noprog-%j.out",
+                    f"--recovery=patient,max-restarts=6,ckpt={ckpt}", "-o", "noprog-%j.out",
                     script=script)
     row = wait_for(lambda: job_row(act_agent, job_id), 30, "job registered")
     stop = final_rec(act_agent, row[0], timeout=120, attempt=2)

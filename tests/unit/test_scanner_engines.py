@@ -17,7 +17,6 @@ from tests.benchmarks.bench_scanner import generate_log
 
 RULES = load_rules()
 DEV = Path(__file__).resolve().parents[1] / "fixtures" / "corpus" / "dev_failures.jsonl"
-EXTRA = Path(__file__).resolve().parents[1] / "fixtures" / "corpus_extra.jsonl"
 TUNE = Path(__file__).resolve().parents[1] / "fixtures" / "corpus" / "public_tune.jsonl"
 needs_hyperscan = pytest.mark.skipif(hyperscan_probe() is not None,
                                      reason=hyperscan_probe() or "")
@@ -36,7 +35,7 @@ def hs_scanner() -> Scanner:
 
 
 def _corpus_rows() -> list[dict]:
-    rows = [json.loads(line) for line in EXTRA.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in TUNE.read_text().splitlines() if line.strip()]
     if DEV.exists():
         rows += [json.loads(line) for line in DEV.read_text().splitlines() if line.strip()]
     return rows
