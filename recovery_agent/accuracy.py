@@ -6,6 +6,12 @@ tune half may shape rules, the held-out half only measures them. This page
 reports the held-out half alone, as ``recovery-ctl patterns score`` prints it.
 
     python -m recovery_agent.accuracy > docs/accuracy.md
+    python -m recovery_agent.accuracy --coverage   # rewrites docs/coverage.md's index
+
+``docs/coverage.md`` is written by hand (emitter, message family, formats)
+down to :data:`INDEX_MARK`; below it, the index of every shipped rule is made
+from the packs, so the page cannot name a rule that does not exist or leave
+one out.
 """
 from __future__ import annotations
 
@@ -21,6 +27,8 @@ HELDOUT = CORPUS / "public_heldout.jsonl"
 # the coverage table, and the unit tests' example lines
 AUTHORED = ("etc/patterns/*.toml", "docs/coverage.md", "tests/unit/test_*.py")
 _THREAD = re.compile(r"github\.com/([^/\s]+)/([^/\s]+)/(?:issues|pull|discussions)/(\d+)")
+COVERAGE = ROOT / "docs" / "coverage.md"
+INDEX_MARK = "<!-- every rule: made by python -m recovery_agent.accuracy --coverage -->"
 _NCCL_PID = re.compile(r"^\s*([A-Za-z][\w.-]*:\d{3,}):\d{3,} ")
 
 HEADER = """# Accuracy on real failures the rules were not tuned on
@@ -98,5 +106,38 @@ def report(path: Path = HELDOUT) -> str:
     return out
 
 
+def rule_index() -> str:
+    """Every shipped rule, pack by pack: id, category, role, action, who may
+    print it (``system``: only a node's kernel, drivers or daemons) and what it
+    means."""
+    from .detect.patterns import load_rules
+    out = [INDEX_MARK, "", "## Every rule", "",
+           "Made from the packs; `role` and `action` as above, `printed by`: `system` "
+           "rules count as node evidence only from a node's own report or log feed.", ""]
+    pack = None
+    for rule in load_rules():
+        name = Path(rule.source).name
+        if name != pack:
+            pack = name
+            out += ["", f"### `{name}`", "",
+                    "| rule | category | role | action | printed by | what it means |",
+                    "|---|---|---|---|---|---|"]
+        action = "by XID" if rule.action_by_xid else rule.action
+        what = " ".join(rule.description.split()).replace("|", "\\|")
+        out.append(f"| `{rule.id}` | {rule.category} | {rule.role} | {action} | "
+                   f"{rule.emitter} | {what} |")
+    return "\n".join(out) + "\n"
+
+
+def coverage_page(current: str) -> str:
+    """``current`` (docs/coverage.md) with its index made anew."""
+    head = current.split(INDEX_MARK, 1)[0].rstrip("\n")
+    return head + "\n\n" + rule_index()
+
+
 if __name__ == "__main__":
-    sys.stdout.write(report())
+    if sys.argv[1:] == ["--coverage"]:
+        COVERAGE.write_text(coverage_page(COVERAGE.read_text(encoding="utf-8")),
+                            encoding="utf-8")
+    else:
+        sys.stdout.write(report())

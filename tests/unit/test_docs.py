@@ -179,3 +179,22 @@ def test_accuracy_report_is_current():
     from recovery_agent import accuracy
     assert (DOCS / "accuracy.md").read_text() == accuracy.report(), \
         "regenerate: python -m recovery_agent.accuracy > docs/accuracy.md"
+
+
+def test_coverage_index_is_current():
+    """docs/coverage.md's index lists exactly the shipped rules, as they are."""
+    from recovery_agent import accuracy
+    text = (DOCS / "coverage.md").read_text()
+    assert accuracy.INDEX_MARK in text
+    assert text == accuracy.coverage_page(text), \
+        "regenerate: python -m recovery_agent.accuracy --coverage"
+
+
+def test_coverage_names_only_real_rules():
+    from recovery_agent.detect.patterns import load_rules
+    ids = {rule.id for rule in load_rules()}
+    packs = {rule.id.split(".")[0] for rule in load_rules()}
+    head = (DOCS / "coverage.md").read_text().split("<!-- every rule", 1)[0]
+    named = {n for n in re.findall(r"`([a-z0-9]+\.[a-z0-9_]+)`", head)
+             if n.split(".")[0] in packs}
+    assert named and named <= ids, sorted(named - ids)

@@ -1,0 +1,134 @@
+"""Issue 15 live: one failure family a test, on the dev cluster, end to end.
+
+Each job prints real lines of its family (quoted from the public reports the
+corpus cites: the row id is above each) or makes Slurm print them itself, and
+exits as such a job does; node faults go into a node's kernel log as the
+driver writes them. The test checks what the agent decided and did in Slurm:
+the action, and which node, if any, was excluded. Every family has unit tests
+on many more lines (tests/unit/test_verdict_families.py and the packs'
+examples); here the whole path runs: output file, tailer, scanner, the node
+hooks' reports, attribution, policy and the actuator.
+"""
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from recovery_agent.devcluster.inject import inject_xid
+from tests.integration.conftest import AgentProcess, job_row, wait_for
+from tests.integration.test_recovery_live import final_rec, job_now, recs
+
+pytestmark = pytest.mark.live
+
+# ho-hllm20-uniqueid-socket-timeout-slow-dataset (public_tune.jsonl)
+STORE_TIMEOUT = ("torch.distributed.DistBackendError: [3] is setting up NCCL communicator and "
+                 "retrieving ncclUniqueId from [0] via c10d key-value store by key '0', but "
+                 "store->get('0') got error: Socket Timeout")
+# ho-nccl1612-bootstrap-closed-before-magic (public_tune.jsonl)
+PEER_CLOSED = "[0] misc/socket.cc:71 NCCL WARN socketProgress: Connection closed by remote peer 10.10.1.3<36138>"
+# ho-chainer7586-ompi-segv-libnccl-mlx4 (public_tune.jsonl)
+NCCL_SEGFAULT = ("Signal: Segmentation fault (11)",
+                 "[ 2] /usr/lib/x86_64-linux-gnu/libnccl.so.2(+0x2b136)[0x7ff2bf5c3136]",
+                 "[ 3] /usr/lib/x86_64-linux-gnu/libnccl.so.2(+0x24aa0)[0x7ff2bf5bcaa0]",
+                 "[ 4] /usr/lib/x86_64-linux-gnu/libnccl.so.2(+0x25d1f)[0x7ff2bf5bdd1f]")
+# vllm6976-watchdog-illegal-memory-access (dev_failures.jsonl), the CUDA runtime's string
+ILLEGAL_ADDRESS = "RuntimeError: CUDA error: an illegal memory access was encountered"
+# ho-mockingbird774-errno28-after-8-days (public_tune.jsonl)
+FULL_DISK = "OSError: [Errno 28] No space left on device"
+
+
+@pytest.fixture(scope="module")
+def family_agent(devcluster, tmp_path_factory):
+    a = AgentProcess(devcluster, db=tmp_path_factory.mktemp("families") / "recovery.db")
+    a.start()
+    yield a
+    a.stop()
+
+
+def printing(*lines: str, code: int = 1, wait_for_file: str | None = None) -> str:
+    """A batch script that prints ``lines`` (to its output file) and exits ``code``;
+    with ``wait_for_file``, only once that file exists."""
+    wait = (f"for i in $(seq 600); do [ -e {shlex.quote(wait_for_file)} ] && break; "
+            "sleep 0.2; done; " if wait_for_file else "")
+    return ('echo "step 1 loss 2.0"; ' + wait
+            + "".join(f"printf '%s\\n' {shlex.quote(line)}; " for line in lines)
+            + f"exit {code}")
+
+
+def first_decision(agent, submit, script: str, *args: str, timeout: float = 60) -> dict:
+    job_id = submit("-N2", "--ntasks-per-node=1", "--requeue", "--open-mode=append",
+                    "--recovery=act", "-o", "family-%j.out", *args, script=script)
+    row = wait_for(lambda: job_row(agent, job_id), 30, f"job {job_id} registered")
+    rec = final_rec(agent, row[0], timeout=timeout, attempt=0)
+    rec["job_id"], rec["job_pk"] = job_id, row[0]
+    return rec
+
+
+def reason_of(agent, rec_id: int) -> str:
+    return agent.query("select reason from recommendations where id = ?", rec_id)[0][0] or ""
+
+
+def test_a_bare_task_exit_is_unexplained_requeued_once_then_stopped(family_agent, submit,
+                                                                     devcluster):
+    """Slurm's own 'srun: error: NODE: task N: Exited with exit code 3' and
+    nothing else: what any failure leaves behind. Requeued, no node blamed; the
+    second one spends the unexplained budget (unknown_max_restarts = 1)."""
+    script = "srun --kill-on-bad-exit=1 bash -c 'echo step 1 loss 2.0; exit 3'"
+    rec = first_decision(family_agent, submit, script)
+    assert (rec["action"], rec["status"], rec["rule"]) == ("requeue", "done", "unexplained")
+    assert rec["exclude"] == []
+    second = final_rec(family_agent, rec["job_pk"], timeout=90, attempt=1)
+    assert (second["action"], second["rule"]) == ("stop", "unknown_budget")
+
+
+def test_a_store_timeout_is_requeued_without_blaming_a_node(family_agent, submit):
+    rec = first_decision(family_agent, submit, printing(STORE_TIMEOUT))
+    assert (rec["action"], rec["status"]) == ("requeue", "done")
+    assert rec["exclude"] == []
+    assert "store" in reason_of(family_agent, rec["id"])
+
+
+def test_a_peer_closing_the_connection_is_requeued_not_stopped(family_agent, submit):
+    rec = first_decision(family_agent, submit, printing(PEER_CLOSED))
+    assert (rec["action"], rec["status"]) == ("requeue", "done")
+    # the peer (10.10.1.3) is no node of this job: nothing outside it is excluded
+    assert rec["exclude"] == []
+
+
+def test_a_segfault_inside_nccl_is_requeued_not_stopped(family_agent, submit):
+    rec = first_decision(family_agent, submit, printing(*NCCL_SEGFAULT, code=139))
+    assert (rec["action"], rec["status"]) == ("requeue", "done")
+    assert "libnccl" in reason_of(family_agent, rec["id"])
+
+
+def test_a_cuda_error_with_an_xid_on_the_node_excludes_that_node(family_agent, submit,
+                                                                devcluster, tmp_path,
+                                                                cleanup):
+    """An illegal address may be the code or the GPU; XID 119 (a GSP RPC
+    timeout, outside the codes the first packs knew) in that node's kernel log
+    says it is the GPU."""
+    sched = devcluster.scheduler()
+    go = tmp_path / "go"
+    job_id = submit("-N2", "--ntasks-per-node=1", "--requeue", "--open-mode=append",
+                    "--recovery=act", "-o", "family-%j.out",
+                    script=printing(ILLEGAL_ADDRESS, wait_for_file=str(go)))
+    job = wait_for(lambda: (j := job_now(sched, job_id)) and j.state == "RUNNING" and j, 60,
+                   f"job {job_id} RUNNING")
+    bad = job.nodes[1]
+    cleanup.append((bad, family_agent))
+    inject_xid(devcluster.lay, bad, 0, 119)
+    go.touch()
+    row = wait_for(lambda: job_row(family_agent, job_id), 30, f"job {job_id} registered")
+    rec = final_rec(family_agent, row[0], attempt=0)
+    assert (rec["action"], rec["status"]) == ("requeue_exclude", "done")
+    assert rec["exclude"] == [bad]
+
+
+def test_a_full_disk_stops_with_the_reason(family_agent, submit, devcluster):
+    rec = first_decision(family_agent, submit, printing(FULL_DISK))
+    assert (rec["action"], rec["status"]) == ("stop", "done")
+    assert "no space left" in reason_of(family_agent, rec["id"]).lower()
+    job = devcluster.scheduler().get_job(rec["job_id"])
+    assert job.restart_count == 0
+    assert [r for r in recs(family_agent, rec["job_pk"], "job") if r["action"] != "stop"] == []
