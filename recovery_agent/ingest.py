@@ -179,10 +179,18 @@ class Ingest:
         jobs.on_refresh.append(self.complete_submit_times)
         self.jobs = jobs
 
-    def _known_job(self, cluster: str, job: dict, hook: str) -> Job:
+    def _known_job(self, cluster: str, job: dict, hook: str, created: float = 0) -> Job:
         """The job as the scheduler last listed it, else as the store knows it
-        (the same job while it lives), else a new one awaiting its submit time."""
+        (the same job while it lives), else a new one awaiting its submit time.
+
+        A first prolog made after the listed job had ended is another job under
+        a reused id (slurmctld's state was reset): the listing is older than
+        it, so it is not used."""
         found = self.jobs.peek(job["job_id"]) if self.jobs is not None else None
+        if found is not None and hook == "prolog" and job["attempt"] == 0 \
+                and found.is_finished and found.end_time and created \
+                and found.end_time < created - 1:
+            found = None
         if found is not None:
             self.store.adopt_printable_id(cluster, found)
             return found
@@ -198,13 +206,14 @@ class Ingest:
                    array_job_id=job.get("array_job_id"), array_task_id=job.get("array_task_id"),
                    user=job.get("user") or "")
 
-    def _job(self, cluster: str, node: str, job: dict, hook: str) -> tuple[int, int]:
+    def _job(self, cluster: str, node: str, job: dict, hook: str,
+             created: float = 0) -> tuple[int, int]:
         try:
             spec, problem = specs.parse(job["spec"]), ""
         except specs.SpecError as exc:
             # the comment form is not checked at submit time: watch, never act
             spec, problem = specs.RecoverySpec(mode="monitor"), str(exc)
-        found = self._known_job(cluster, job, hook)
+        found = self._known_job(cluster, job, hook, created)
         attempt = job["attempt"]
         newest = replace(found, restart_count=max(found.restart_count, attempt))
         pk = self.store.record_job(newest, cluster=cluster, env=spec.env,
@@ -226,7 +235,8 @@ class Ingest:
             cluster = report["cluster"] or self.cluster
             job_pk = attempt = None
             if report.get("job"):
-                job_pk, attempt = self._job(cluster, report["node"], report["job"], hook)
+                job_pk, attempt = self._job(cluster, report["node"], report["job"], hook,
+                                            report.get("created") or 0)
             row = self._report_row(hook, report, cluster, job_pk, attempt, sender_uid)
             if job_pk is not None:   # judged already: the watch loop counts its XIDs
                 row["after_verdict"] = int(report_rows.has_verdict(self.store, job_pk, attempt))

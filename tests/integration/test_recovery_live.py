@@ -190,18 +190,23 @@ def test_python_key_error_stops_without_requeue(act_agent, submit, devcluster):
 # -- 5: no progress -------------------------------------------------------------------
 
 @pytest.fixture
-def patient_agent(devcluster, tmp_path):
+def patient_agent(act_agent, devcluster, tmp_path):
     """An agent whose 'patient' environment allows as many unexplained requeues
-    as restarts, so that the checkpoint-progress guard is what stops a job."""
+    as restarts, so that the checkpoint-progress guard is what stops a job (it
+    takes the module agent's port for the test)."""
     config = tmp_path / "recovery.toml"
     config.write_text(devcluster.lay.agent_config.read_text()
                       + '[environments.patient]\nmode = "action"\nmax_restarts = 6\n'
                         'unknown_max_restarts = 6\n')
+    act_agent.stop()
     agent = AgentProcess(devcluster, db=tmp_path / "recovery.db")
     agent.config = config
     agent.start()
-    yield agent
-    agent.stop()
+    try:
+        yield agent
+    finally:
+        agent.stop()
+        act_agent.start()
 
 
 def test_three_attempts_without_a_new_checkpoint_stop(patient_agent, submit, devcluster,
@@ -221,7 +226,12 @@ def test_three_attempts_without_a_new_checkpoint_stop(patient_agent, submit, dev
     stop = final_rec(act_agent, row[0], timeout=120, attempt=2)
     assert (stop["action"], stop["rule"]) == ("stop", "no_progress")
     earlier = [r for r in recs(act_agent, row[0], "job") if r["attempt"] < 2]
-    assert [(r["action"], r["status"]) for r in earlier] == [("requeue", "done")] * 2
+    assert [(r["action"], r["status"]) for r in earlier][:1] == [("requeue", "done")]
+    # the second failure on the same single node may exclude it (a failure naming
+    # no node, repeated where the attempts share one node: issue 15's cross-attempt
+    # reading); either way it was requeued, and the guard stops the third
+    assert [(r["action"], r["status"]) for r in earlier][1:] in (
+        [("requeue", "done")], [("requeue_exclude", "done")])
     job = sched.get_job(job_id)
     assert job.is_finished and job.restart_count == 2
 

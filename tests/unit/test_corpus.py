@@ -25,7 +25,7 @@ ACTION_NAMES = {"requeue_exclude_node": "requeue_exclude"}
 # regression floors per split (category, action, node named or not as labelled):
 # the dev labels disagree with each other on a few rows; the tune floors sit just
 # under today's scores, to be raised as the rules improve, never lowered to pass
-FLOORS = {"dev": (0.95, 0.90, 0.88), "tune": (0.90, 0.78, 0.82)}
+FLOORS = {"dev": (0.95, 0.90, 0.90), "tune": (0.92, 0.80, 0.82)}
 
 
 def _rows(path: Path) -> list[dict]:

@@ -1,6 +1,8 @@
 """Hook ingest: validation, atomic storage, idempotent replays, via the HTTP app."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import copy
 import json
 
@@ -160,6 +162,35 @@ def test_reused_job_id_after_the_old_job_finished(tmp_path):
     assert post(client, "prolog", report()).status_code == 201
     new = store.find_job("c1", "1234")
     assert new["id"] != old and new["submit_time"] == 0
+
+
+def test_a_stale_listing_of_a_reused_id_is_not_the_new_job(tmp_path):
+    """slurmctld's state was reset and job id 1234 handed out again; the job
+    cache still lists the old 1234, ended before the new job's first prolog
+    was made. The prolog is a new job's: a row of its own, its own spec, and
+    the old row keeps its directive (the live identity test found the old row
+    taking the new job's reports under load)."""
+    ended = Job(job_id="1234", numeric_id=1234, state="CANCELLED", submit_time=1_700_000_000,
+                end_time=1_799_999_000, user="alice")
+    sched = ListingScheduler([ended])
+    cache = JobCache(sched, min_interval=0)
+    cache.refresh()
+    store = Store(tmp_path / "r.db")
+    old = store.record_job(ended, cluster="c1", env="prod", mode="action", spec="prod:action")
+    ingest = Ingest(store, "c1", cache)
+    client = TestClient(create_app(from_mapping({"api": {"auth": "none"}}), ingest))
+    job = {"job_id": "1234", "attempt": 0, "spec": "prod:monitor", "user": "alice"}
+    assert post(client, "prolog", report(job=job)).status_code == 201
+    rows = {r["id"]: r for r in store.db["jobs"].rows}
+    assert len(rows) == 2 and rows[old]["mode"] == "action" and rows[old]["state"] == "CANCELLED"
+    (new,) = [r for pk, r in rows.items() if pk != old]
+    assert (new["mode"], new["submit_time"]) == ("monitor", 0)
+    # a listing that ended after the report was made is this job: its own row
+    late = report(job={**job, "job_id": "1235"}, report_id="0" * 31 + "2")
+    sched.jobs = [replace(ended, job_id="1235", numeric_id=1235, end_time=1_800_000_100)]
+    cache.refresh()
+    assert post(client, "prolog", late).status_code == 201
+    assert store.find_job("c1", "1235")["submit_time"] == 1_700_000_000
 
 
 def test_health_report_needs_no_job(app):

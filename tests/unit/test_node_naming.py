@@ -105,6 +105,108 @@ PREFIXES = [
     # a plain exception names nothing (dev:nccl934-remote-error-occasional)
     ("ncclRemoteError: A call failed possibly due to a network error or a remote process "
      "exiting prematurely.", None, None, None),
+    # journalctl -o short-iso, a +0200 offset (systemd/systemd#29134)
+    ("2023-09-08T17:20:30+0200 tarta r710_fan_controller.sh[20911]: Highest drive temperature: "
+     "43 Celcius.", "tarta", None, None),
+    # journalctl short with an FQDN (systemd/systemd#2342)
+    ("Jan 17 10:44:43 myhost.mylocalnetwork.example systemd[1411]: Reached target Basic System.",
+     "myhost.mylocalnetwork.example", None, None),
+    # syslogd's facility.severity between host and tag (linux-scsi list, "qla2xxx: Fix
+    # discovery issues in FC-AL topology", June 2022)
+    ("Jun 20 13:51:46 tony13 kern.warn kernel: qla2xxx [0000:00:00.0]-0005: : QLogic Fibre "
+     "Channel HBA Driver: 10.02.07.400-k-debug.", "tony13", None, None),
+    # Open MPI's BTL prefix [host][[job,vpid],rank][file] (open-mpi/ompi#2168)
+    ("[ivy08][[463,1],0][btl_tcp_endpoint.c:803:mca_btl_tcp_endpoint_complete_connect] "
+     "connect() to 10.102.1.194 failed: No route to host (113)", "ivy08", 0, None),
+    # MPICH/Intel MPI hydra's proxy on the node (cBio/cbio-cluster#256)
+    ("[proxy:0:0@cpu-6-2.local] HYD_pmcd_pmip_control_cmd_cb (./pm/pmiserv/pmip_cb.c:883): "
+     "assert (!closed) failed", "cpu-6-2.local", None, None),
+    # UCX inside a test harness (openucx/ucx#5744)
+    ("[swx-rdmz-ucx-new-02:21840:0:21840] Caught signal 6 (Aborted: tkill(2) or tgkill(2))",
+     "swx-rdmz-ucx-new-02", None, None),
+    # kubectl logs --prefix (geerlingguy/ansible-for-kubernetes#75)
+    ('[pod/echo-req-7cfd7bf68f-nk5kr/hello] 172.17.0.1 - - [22/Nov/2020:17:19:05 +0000] "GET '
+     '/test HTTP/1.1" 200 7269 "-" "Mozilla/5.0 (X11; Ubuntu; Linux x86_64; rv:83.0) '
+     'Gecko/20100101 Firefox/83.0" "-"', "echo-req-7cfd7bf68f-nk5kr", None, None),
+    # clush's own report and its host: prefix (clustershell/clustershell#425), pdsh's
+    # (chaos/pdsh#109), an EC2 name behind pdsh (aws/aws-parallelcluster#2416)
+    ("clush: c01: exited with exit code 255", "c01", None, None),
+    ("c01: ssh: Could not resolve hostname c01: Name or service not known", "c01", None, None),
+    ("pdsh@rocks7: compute-0-0: ssh exited with exit code 127", "compute-0-0", None, None),
+    ("ip-10-0-248-39: /bin/ssh_target_checker.sh: line 27: syntax error near unexpected token "
+     "`<'", "ip-10-0-248-39", None, None),
+    # Ray: the worker's ip=, not a driver name after it (OpenRLHF/OpenRLHF#621); NCCL's
+    # name inside it (ray-project/ray#59778)
+    ("(RayWorkerWrapper pid=92234, ip=172.19.24.110) mlx5: host_unknown: got completion with "
+     "error: [repeated 2x across cluster]", "172.19.24.110", None, None),
+    ("(RayWorkerWrapper pid=581, ip=10.225.128.18) k8s17:581:581 [0] NCCL INFO P2P Chunksize "
+     "set to 131072", "k8s17", None, None),
+    # RFC 3339 syslog of a Slurm 14.11 step (Open MPI users list, April 2015: "--export=NONE"
+    # and orted); old slurmd's slurmd[host]: prefix in a job's output (Open MPI users list,
+    # February 2014, hostname redacted by the poster)
+    ("2015-04-15T08:53:54+08:00 nod0138 slurmstepd[3122]: error: execve(): orted: No such file "
+     "or directory", "nod0138", None, None),
+    ("slurmd[xxxx108]: *** STEP 131823.4 KILLED AT 2014-02-12T13:30:32 WITH SIGNAL 9 ***",
+     "xxxx108", None, None),
+    # an EC2 head node's syslog (aws/aws-parallelcluster#2701)
+    ("Apr 30 13:26:32 ip-10-0-33-4 pcluster_ssh_target_checker: Target Host github.com is not in "
+     "any VPC CIDR 10.0.0.0/16", "ip-10-0-33-4", None, None),
+    # journalctl -o json quoted by a shipper (pantheon-systems/journal-2-logstash README)
+    ('logger_1   | 2016/02/12 18:19:15 [DEBUG] Received from journal: { "__CURSOR" : '
+     '"s=aae5e906525c4c00be5e9d5026bbf40a;i=35c;b=7f0ea6b7d19f47f9a9bc928f32512ae7;m=ddc296aab;'
+     't=52b96b46b549a;x=e92c6b237a40211b", "__REALTIME_TIMESTAMP" : "1455301155574938", '
+     '"__MONOTONIC_TIMESTAMP" : "59528276651", "_BOOT_ID" : "7f0ea6b7d19f47f9a9bc928f32512ae7", '
+     '"PRIORITY" : "6", "_UID" : "0", "_GID" : "0", "_MACHINE_ID" : '
+     '"9d52a846ee1a4be2b2d6e563162c6aa3", "_HOSTNAME" : "63c73cd1ec2e", "_TRANSPORT" : "stdout", '
+     '"MESSAGE" : "hello there", "_PID" : "97", "_COMM" : "cat" } }', "63c73cd1ec2e", None,
+     None),
+    # an Elastic (ECS) record's host.name (elastic/apm-server#9846)
+    ('        {"log.level":"info","@timestamp":"2022-12-19T09:04:29.432Z","message":"Host info",'
+     '"component":{"binary":"filebeat","dataset":"elastic_agent.filebeat","id":'
+     '"filestream-monitoring","type":"filestream"},"log.logger":"beat","log.origin":'
+     '{"file.line":1106,"file.name":"instance/beat.go"},"service.name":"filebeat","system_info":'
+     '{"ecs.version":"1.6.0","host":{"architecture":"x86_64","boot_time":"2022-12-19T08:53:42Z",'
+     '"containerized":true,"ip":["127.0.0.1/8","172.18.0.5/16"],"kernel_version":'
+     '"5.4.0-1096-gcp","mac":["02:42:ac:12:00:05"],"name":"71d9b4dc0964","os":{"codename":'
+     '"focal","family":"debian","major":20,"minor":4,"name":"Ubuntu","patch":5,"platform":'
+     '"ubuntu","type":"linux","version":"20.04.5 LTS (Focal Fossa)"},"timezone":"UTC",'
+     '"timezone_offset_sec":0}},"ecs.version":"1.6.0"}', "71d9b4dc0964", None, None),
+]
+
+# benign prefixes that name no node (each a real line)
+NO_NODE = [
+    # OpenWrt logread -t: a facility, not a host (defanator/openwrt-loki-exporter#20)
+    "Tue Apr 29 07:08:24 2025 [1745896104.164] kern.info kernel: [1523164.641079] ath10k_pci "
+    "0000:00:00.0: mac flush vdev 0 drop 0 queues 0x1 ar->paused: 0x0  arvif->paused: 0x0",
+    # dmesg with every --time-format at once (util-linux/util-linux#2648)
+    "[17159596.699613] [Fri Dec 22 12:26:24 2023] [  +0.000000] 2023-12-22T12:26:24,559615-08:00 "
+    "device vethab20cf5 entered promiscuous mode",
+    # dmesg --raw (util-linux/util-linux#614)
+    "<5>[    0.000000] Linux version 4.9.84-1 (builder@ymir-builder) (gcc version 7.3.0 20180125 "
+    "(release) (PLD-Linux) ) #1 SMP Sun Feb 25 23:55:04 CET 2018",
+    # dmesg --time-format iso: the process name is no host (equinor/ert#7797)
+    "2024-04-29T14:55:41,678628+02:00 pool invoked oom-killer: gfp_mask=0x6200ca"
+    "(GFP_HIGHUSER_MOVABLE), order=0, oom_score_adj=0",
+    # a kernel tag without a host (leptonai/gpud#182)
+    "[1105056.784211] kernel: nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid "
+    "context, skipping further processing",
+    # a device name after a kernel stamp (linux-nvme/nvme-cli#1593)
+    "[ 2408.204381] nvme0: Identify(0x6), Invalid Field in Command (sct 0x0 / sc 0x2) MORE",
+    # Ray without ip=, and NCCL on a host that calls itself localhost (ray-project/ray#7788,
+    # ray-project/ray#40850)
+    "(pid=81331) E0328 18:23:00.165781 81395 core_worker.cc:382] Raylet failed. Shutting down.",
+    "(RayTrainWorker pid=83498) localhost:83498:84555 [0] NCCL INFO Pattern 1, crossNic 0, "
+    "nChannels 2, bw 2.400000/1.200000, type SYS/SYS, sameChannels 1",
+    # flux's seconds-since-start (tune:ho-fluxcore6289-flux-shell-oom-host)
+    "29.475s: flux-shell[0]: ERROR: oom: Memory cgroup out of memory: killed 1 task on picl7.",
+    # a log level, glog's severity+date (tune:ho-openremode9-cudagetdevicecount-insufficient-
+    # driver-host, tune:ho-pytorch150916-elastic-agent-received-15-death-signal)
+    "ERROR: cudaGetDeviceCount CUDA driver version is insufficient for CUDA runtime version",
+    "W0409 07:28:49.530000 1359 torch/distributed/elastic/agent/server/api.py:719] Received 15 "
+    "death signal, shutting down workers",
+    # PyTorch's rank prefix (tune:ho-keysvalues92-rank0-oom-with-other-process-list)
+    '[rank0]:   File "/home/ubuntu/virtenvs/keysvals_cuda12.8/lib/python3.12/site-packages/'
+    'litgpt/lora.py", line 355, in conv1d',
 ]
 
 
@@ -112,6 +214,29 @@ PREFIXES = [
 def test_line_prefixes_name_the_node(line, host, rank, task):
     origin = line_origin(line)
     assert (origin.host, origin.rank, origin.task) == (host, rank, task)
+
+
+@pytest.mark.parametrize("line", NO_NODE, ids=lambda v: v[:30])
+def test_benign_prefixes_name_no_node(line):
+    assert line_origin(line).host is None
+
+
+def test_a_hostname_that_spells_an_ip_gives_the_address():
+    # EC2's ip-A-B-C-D (aws/aws-parallelcluster#2416) and a pod's A-B-C-D
+    # (pytorch/pytorch#124380): the name stays, the address maps a peer to it
+    ec2 = line_origin("ip-10-0-248-39: /bin/ssh_target_checker.sh: line 27: syntax error near "
+                      "unexpected token `<'")
+    assert (ec2.host, ec2.address) == ("ip-10-0-248-39", "10.0.248.39")
+    layout = parse_layout(["10-12-3-162:7990:8056 [0] NCCL INFO NET/Socket : Using "
+                           "[0]eno3:10.12.3.162<0>"])
+    assert layout.addresses == {"10.12.3.162": "10-12-3-162"}
+
+
+def test_a_loopback_peer_names_no_node():
+    # NCCL's socket to itself (tune:ho-awsome192-socketstartconnect-loopback-ifname)
+    found = SCANNER.scan_lines(["10: socketStartConnect: Connect to 127.0.0.1<45069> failed : "
+                                "Software caused connection abort"])
+    assert found and all(d.host is None for d in found)
 
 
 def test_an_ip_prefix_is_kept_as_the_address_and_a_name_wins():

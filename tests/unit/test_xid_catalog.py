@@ -123,3 +123,122 @@ def test_real_xid_lines_get_their_decision(line, action):
     found = [d for d in SCANNER.scan_lines([line]) if d.rule == "kernel.xid"]
     assert [(d.xid, d.action_hint) for d in found] == [(event["xid"], action)]
 
+
+
+# -- node-level software faults, read end to end (issue 15) ------------------------
+# Every line below is a real one; the public thread it was copied from is named
+# above it (as in the packs' comments).
+from recovery_agent.detect.attribution import attribute  # noqa: E402
+
+
+def _verdict(lines):
+    return attribute(SCANNER.scan_lines(lines))
+
+
+@pytest.mark.parametrize("lines", [
+    # NVIDIA/open-gpu-kernel-modules#1230: a GPU left in a bad state, the GSP will not boot
+    ["[  127.849897] NVRM: GPU6 _kgspBootGspRm: unexpected WPR2 already up, cannot proceed "
+     "with booting GSP",
+     "[  127.850566] NVRM: GPU 0000:a1:00.0: RmInitAdapter failed! (0x62:0x40:2168)"],
+    # older drivers, no "GPU <BDF>: " prefix (a forum page's dmesg, find_string id 57030497596)
+    ["[   32.920601] NVRM: RmInitAdapter failed! (0x23:0x56:451)",
+     "[   32.920612] NVRM: rm_init_adapter failed for device bearing minor number 0"],
+    # labdao/plex#18: the container runtime's NVML says the driver differs from its libraries
+    ["nvidia-container-cli: initialization error: nvml error: driver/library version "
+     "mismatch: unknown."],
+    # mattshma/bigdata#133: another driver holds the GPUs
+    ["[188549.976351] NVRM: The NVIDIA probe routine was not called for 3 device(s)."],
+    # NVIDIA/open-gpu-kernel-modules#265: the kernel faulted inside the driver's load
+    ["[  463.506574] BUG: kernel NULL pointer dereference, address: 0000000000000040",
+     "[  463.506581] Oops: 0000 [#1] PREEMPT SMP NOPTI"],
+    # divelab/GraphBP#2: code built by a newer toolkit than this node's driver
+    ["RuntimeError: CUDA error: the provided PTX was compiled with an unsupported toolchain."],
+    # mknoxnv/ubuntu-slurm#4: the node's prolog failed
+    ["srun: error: Task launch for 23.0 failed on node hpc: Job prolog failed"],
+])
+def test_node_level_software_faults_exclude_the_node(lines):
+    verdict = _verdict(lines)
+    assert verdict.action == "requeue_exclude"
+    assert verdict.category == "system_software"
+
+
+@pytest.mark.parametrize("lines, category", [
+    # LSSI-ETH/plmfit#40: slurmstepd's NVML plugin cannot reach the GPU any more
+    (["slurmstepd: error: NVML: Failed to get usage(15): GPU is lost"], "gpu_hardware"),
+    # system76/firmware-open#259: the GPU's config space is gone, then Xid 79
+    (["kernel: nvidia 0000:01:00.0: can't change power state from D3cold to D0 (config "
+      "space inaccessible)",
+      "kernel: NVRM: Xid (PCI:0000:01:00): 79, pid=7992, GPU has fallen off the bus."],
+     "gpu_hardware"),
+    # NVIDIA/open-gpu-kernel-modules#659: GSP RPCs time out, the driver wants a reset
+    (["2025-07-23T20:08:23.729932+02:00 ThreadripperIntern kernel: [612947.633642] NVRM: "
+      "_issueRpcAndWait: rpcRecvPoll timedout for fn 76!"], "gpu_hardware"),
+])
+def test_a_gpu_that_stopped_answering_excludes_the_node(lines, category):
+    verdict = _verdict(lines)
+    assert (verdict.category, verdict.action) == (category, "requeue_exclude")
+
+
+def test_the_power_state_line_names_the_gpu():
+    # system76/firmware-open#259
+    found = SCANNER.scan_lines(["kernel: nvidia 0000:01:00.0: can't change power state from "
+                                "D3cold to D0 (config space inaccessible)"])
+    assert [(d.rule, d.pci) for d in found] == [("kernel.gpu_power_state_lost", "0000:01:00")]
+
+
+def test_slurm_memory_enforcement_is_the_jobs_own_oom():
+    # openbabel/openbabel#2658
+    verdict = _verdict([
+        "slurmstepd-falkor7: error: Step 1141810.0 exceeded memory limit (52917772 > "
+        "20971520), being killed",
+        "srun: Exceeded job memory limit",
+        "slurmstepd-falkor7: error: *** STEP 1141810.0 ON falkor7 CANCELLED AT "
+        "2023-12-13T08:58:22 ***",
+        "srun: error: falkor7: task 0: Killed"])
+    assert (verdict.category, verdict.action) == ("oom", "stop")
+
+
+def test_a_memory_peak_notice_alone_is_no_failure():
+    # chaos/slurm#54: printed after a job that succeeded
+    verdict = _verdict(["slurmstepd: Exceeded step memory limit at some point."])
+    assert verdict.action == "none"
+
+
+@pytest.mark.parametrize("line", [
+    # whamcloud/integrated-manager-for-lustre#230 (ESHUTDOWN after an eviction)
+    "mount.lustre: mount /dev/sdb at /mnt/testfs-OST0001 failed: Cannot send after transport "
+    "endpoint shutdown",
+    # pytorch/pytorch#45826 (the file was replaced under the open handle)
+    "RuntimeError: read(): fd 33 failed with Stale file handle",
+])
+def test_a_write_or_read_that_failed_on_the_way_is_retried(line):
+    verdict = _verdict([line])
+    assert (verdict.category, verdict.action) == ("system_software", "requeue")
+
+
+def test_a_bus_error_on_unbacked_shared_memory_is_not_a_code_bug():
+    # triton-inference-server/hugectr_backend#42
+    verdict = _verdict(["[qgpuvb813-cvision:1    :0:381] Caught signal 7 (Bus error: "
+                        "nonexistent physical address)"])
+    assert verdict.category == "system_software"
+    assert verdict.action != "stop"
+
+
+def test_a_health_daemons_xid_is_read_like_the_kernels():
+    # leptonai/gpud#604: gpud's own wording of an Xid 79
+    found = SCANNER.scan_lines(["XID 79(GPU has fallen off the bus) detected on PCI:0000:ae:00"])
+    assert [(d.rule, d.xid, d.action_hint, d.pci) for d in found] == [
+        ("kernel.xid_monitor", 79, "requeue_exclude", "0000:ae:00")]
+
+
+@pytest.mark.parametrize("line", [
+    # NVIDIA/nccl#1838: no P2P between these GPUs, whatever node of the type
+    "[2025-09-09 23:51:24] 9b405963aa12:774:854 [0] transport/shm.cc:590 NCCL WARN Cuda "
+    "failure 217 'peer access is not supported between these two devices'",
+    # Dao-AILab/causal-conv1d#48: a launch with a bad grid
+    "RuntimeError: CUDA error: invalid configuration argument",
+    # kyutai-labs/delayed-streams-modeling#179: CUDA graph capture misuse
+    "CUDA error: operation not permitted when stream is capturing",
+])
+def test_cuda_errors_of_the_code_or_its_configuration_stop(line):
+    assert _verdict([line]).action == "stop"
