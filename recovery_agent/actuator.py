@@ -431,7 +431,7 @@ class Actuator:
         if job.state == "COMPLETING":
             return   # still stopping the killed attempt; next pass
         if job.is_pending and job.held:
-            self._exclude_and_start(rec, job, done)
+            self._exclude_and_start(rec, job, done, retried=_failed_since_start(steps))
             self._step(rec, "release", lambda: self.scheduler.release(rec["job_id"]))
             self._finish(rec, "done")
             return
@@ -450,16 +450,22 @@ class Actuator:
         self._exclude_and_start(rec, job, done)
         self._finish(rec, "done", "slurmctld requeued the job itself; our exclusions applied")
 
-    def _exclude_and_start(self, rec: dict, job: Job, done: set[str]) -> None:
+    def _exclude_and_start(self, rec: dict, job: Job, done: set[str],
+                           retried: bool = False) -> None:
         """Our exclusions on the pending job (unless Slurm has them), then
-        StartTime=now (once), so it does not wait out Slurm's requeue delay."""
+        StartTime=now, so it does not wait out Slurm's requeue delay: once, and
+        again when a step failed after it (a controller killed then may come
+        back from state saved before it; squeue does not show the begin time,
+        so it cannot be checked)."""
         want = list(rec["exclude"] or [])
         if want and sorted(job.excluded_nodes) != sorted(want):
             self._step(rec, "exclude",
                        lambda: self.scheduler.set_excluded_nodes(rec["job_id"], want),
                        ",".join(want))
-        if "start_now" not in done:
-            self._step(rec, "start_now", lambda: self.scheduler.start_now(rec["job_id"]))
+        if "start_now" not in done or retried:
+            self._step(rec, "start_now", lambda: self.scheduler.start_now(rec["job_id"]),
+                       "again: a step failed since; slurmctld may have lost it" if retried
+                       and "start_now" in done else "")
 
     # -- node actions -------------------------------------------------------------
     def _advance_node(self, rec: dict, now: float) -> None:
@@ -656,6 +662,12 @@ class Actuator:
                 pending = 1
             self.wake.wait(interval if pending else 2.0)
             self.wake.clear()
+
+
+def _failed_since_start(steps: list[dict]) -> bool:
+    """Did a step fail after StartTime=now went through?"""
+    started = [i for i, s in enumerate(steps) if s["step"] == "start_now" and s["state"] == "ok"]
+    return bool(started) and any(s["state"] == "failed" for s in steps[started[-1] + 1:])
 
 
 def may_have_run(steps: list[dict]) -> set[str]:

@@ -661,6 +661,35 @@ def test_transient_failure_then_success(store, clock):
     assert slurm.job["restart_count"] == 1
 
 
+def test_a_controller_restart_before_the_release_gets_start_now_again(store, clock):
+    """The live campaign: slurmctld was SIGKILLed just before our release, and
+    came back from state saved before our exclusion and StartTime=now. The
+    exclusion is seen missing and set again; the begin time cannot be seen
+    (squeue has no field for it), so StartTime=now goes again before the
+    release, or the job waits out Slurm's 2-minute requeue delay."""
+    slurm = FakeSlurm(state="FAILED")
+    slurm.fail_only, slurm.fail_next = {"release"}, 1
+    rec_id = add_job_rec(store, slurm, exclude=("gpu2",))
+    act = make_actuator(store, slurm, clock, retry_backoff=1)
+    act.run_once()                                   # requeue_hold
+    act.run_once()                                   # exclude, start_now, release refused
+    assert ("release", "failed") in steps(store, rec_id)
+    slurm.job.update(excluded=(), start_now=False)   # the restarted controller forgot them
+    drive(act, store, rec_id, clock)
+    assert store.rec(rec_id)["status"] == "done"
+    assert slurm.job["excluded"] == ("gpu2",) and slurm.job["start_now"] is True
+    assert slurm.calls["start_now"] == 2 and slurm.calls["release"] == 2
+    again = [s["detail"] for s in store.steps(rec_id) if s["step"] == "start_now"]
+    assert "again" in again[-1]
+
+
+def test_a_clean_release_sets_start_now_once(store, clock):
+    slurm = FakeSlurm(state="FAILED")
+    rec_id = add_job_rec(store, slurm, exclude=("gpu2",))
+    drive(make_actuator(store, slurm, clock), store, rec_id, clock)
+    assert slurm.calls["start_now"] == 1
+
+
 def test_timed_out_requeue_that_took_effect_is_not_repeated(store, clock):
     """scontrol timed out but slurmctld did requeue: the next try sees it was ours."""
     slurm = FakeSlurm(state="FAILED")
