@@ -46,14 +46,25 @@ def patterns() -> None:
     """
 
 
+def _packs_and_files(command):
+    """The arguments ``patterns test`` and ``patterns score`` share: the files,
+    site pack directories and the matcher."""
+    for option in reversed([
+            click.argument("files", nargs=-1, required=True,
+                           type=click.Path(exists=True, dir_okay=False, path_type=Path)),
+            click.option("--patterns-dir", "dirs", multiple=True,
+                         type=click.Path(exists=True, file_okay=False, path_type=Path),
+                         help="A directory of site packs, loaded after the shipped ones "
+                              "(repeatable)."),
+            click.option("--engine", type=click.Choice(["auto", "re", "hyperscan"]),
+                         default="auto", show_default=True,
+                         help="Matcher: hyperscan when it imports, else Python re.")]):
+        command = option(command)
+    return command
+
+
 @patterns.command("test")
-@click.argument("files", nargs=-1, required=True,
-                type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--patterns-dir", "dirs", multiple=True,
-              type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="A directory of site packs, loaded after the shipped ones (repeatable).")
-@click.option("--engine", type=click.Choice(["auto", "re", "hyperscan"]), default="auto",
-              show_default=True, help="Matcher: hyperscan when it imports, else Python re.")
+@_packs_and_files
 @click.option("--node", metavar="NAME",
               help="The node the logs came from (a node's kernel log, one node's job "
                    "output): lines that name no node are that node's.")
@@ -105,13 +116,7 @@ def patterns_test(files: tuple[Path, ...], dirs: tuple[Path, ...], engine: str,
 
 
 @patterns.command("score")
-@click.argument("files", nargs=-1, required=True,
-                type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--patterns-dir", "dirs", multiple=True,
-              type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="A directory of site packs, loaded after the shipped ones (repeatable).")
-@click.option("--engine", type=click.Choice(["auto", "re", "hyperscan"]), default="auto",
-              show_default=True, help="Matcher: hyperscan when it imports, else Python re.")
+@_packs_and_files
 @click.option("--json", "as_json", is_flag=True, help="One JSON object with every figure.")
 def patterns_score(files: tuple[Path, ...], dirs: tuple[Path, ...], engine: str,
                    as_json: bool) -> None:
