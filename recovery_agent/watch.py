@@ -176,16 +176,17 @@ class Watcher:
         # last_seen in the store may lag the memory by a flush interval
         since = now - GONE_AFTER - 2 * SEEN_FLUSH_EVERY
         for row in self.store.watch_rows(cluster, ENDED_STATES, since):
+            job = listing.get(row["job_id"])
+            if job is not None and not same_job(row, job):
+                # the id names another job now (slurmctld lost its state and
+                # counts again): this job is gone (once), and nothing of it
+                # passes on; checked before an ended, judged job is passed over
+                self._reused(row, job)
+                continue
             last_seen = max(row["last_seen"] or 0, self._listed_at.get(row["id"], 0))
             if row["state"] in ENDED_STATES and (
                     now - last_seen > GONE_AFTER
                     or not self._needs_verdict(row["id"], row["restart_count"])):
-                continue
-            job = listing.get(row["job_id"])
-            if job is not None and not same_job(row, job):
-                # the id names another job now (slurmctld lost its state and
-                # counts again): this job is gone, and nothing of it passes on
-                self._reused(row, job)
                 continue
             if job is None:
                 if now - (last_seen or now) > GONE_AFTER:

@@ -96,6 +96,28 @@ def test_reused_id_inherits_nothing(loop, tmp_path, comment, expect_rows):
     assert states == []
 
 
+def test_an_ended_and_judged_job_is_gone_once_its_id_comes_back(loop, tmp_path):
+    """The live campaign (RUNS=20): the old job was cancelled and its verdict
+    made before slurmctld's reset; the poller skipped ended, judged rows, so the
+    new job under the same id never marked it gone (1 run in 20)."""
+    watcher, store, sched, clock = loop
+    out = tmp_path / "slurm-5.out"
+    out.write_text("")
+    old = listed("RUNNING", out, submit=9_000, comment="recovery=act:action")
+    sched.jobs = [old]
+    run(watcher, clock, cycles=2)
+    sched.jobs = [Job(**{**old.__dict__, "state": "CANCELLED", "end_time": int(clock[0])})]
+    run(watcher, clock, cycles=6)                    # seen cancelled: nothing to judge
+    (row,) = store.jobs()
+    assert row["state"] == "CANCELLED"
+    assert not watcher._needs_verdict(row["id"], row["restart_count"])
+    sched.jobs = [listed("PENDING", out, submit=int(clock[0]), user="bob", name="other")]
+    run(watcher, clock, cycles=3)
+    (row,) = store.jobs()
+    assert row["state"] == "GONE"
+    assert [e["kind"] for e in store.timeline(row["id"])].count("id_reused") == 1
+
+
 def test_requeued_job_is_still_the_same_job(loop, tmp_path):
     """Slurm 22.05 renews the submit time at each requeue: that is no new job."""
     watcher, store, sched, clock = loop
