@@ -61,17 +61,24 @@ def fail_job(watcher, sched, clock, job: Job, out) -> None:
     run(watcher, clock, cycles=12)
 
 
+def opted_in_job(loop, tmp_path) -> tuple:
+    """Job 5, opted in for action, running and watched for two cycles."""
+    watcher, _store, sched, clock = loop
+    out = tmp_path / "slurm-5.out"
+    out.write_text("")
+    old = listed("RUNNING", out, submit=9_000, comment="recovery=act:action")
+    sched.jobs = [old]
+    run(watcher, clock, cycles=2)
+    return out, old
+
+
 @pytest.mark.parametrize("comment, expect_rows", [
     ("", 1),                                 # the new job never opted in
     ("recovery=act:monitor", 2),             # it asked to be monitored only
 ])
 def test_reused_id_inherits_nothing(loop, tmp_path, comment, expect_rows):
     watcher, store, sched, clock = loop
-    out = tmp_path / "slurm-5.out"
-    out.write_text("")
-    old = listed("RUNNING", out, submit=9_000, comment="recovery=act:action")
-    sched.jobs = [old]
-    run(watcher, clock, cycles=2)
+    out, old = opted_in_job(loop, tmp_path)
     (row,) = store.jobs()
     assert (row["env"], row["mode"]) == ("act", "action")
     # slurmctld loses its state: the old job vanishes, job id 5 is handed out again
@@ -97,15 +104,11 @@ def test_reused_id_inherits_nothing(loop, tmp_path, comment, expect_rows):
 
 
 def test_an_ended_and_judged_job_is_gone_once_its_id_comes_back(loop, tmp_path):
-    """The live campaign (RUNS=20): the old job was cancelled and its verdict
-    made before slurmctld's reset; the poller skipped ended, judged rows, so the
-    new job under the same id never marked it gone (1 run in 20)."""
+    """The live campaign (RUNS=20): the old job was cancelled, and nothing was
+    left to judge of it, before slurmctld's reset; the poller passed over such
+    rows, so the new job under the same id never marked it gone (1 run in 20)."""
     watcher, store, sched, clock = loop
-    out = tmp_path / "slurm-5.out"
-    out.write_text("")
-    old = listed("RUNNING", out, submit=9_000, comment="recovery=act:action")
-    sched.jobs = [old]
-    run(watcher, clock, cycles=2)
+    out, old = opted_in_job(loop, tmp_path)
     sched.jobs = [Job(**{**old.__dict__, "state": "CANCELLED", "end_time": int(clock[0])})]
     run(watcher, clock, cycles=6)                    # seen cancelled: nothing to judge
     (row,) = store.jobs()
