@@ -23,6 +23,8 @@ from slurm_hooks import spec as specs
 from .errors import RecoveryError
 from .jobcache import JobCache
 from .scheduler.base import FINISHED_STATES, Job
+
+ENDED = FINISHED_STATES | {"GONE"}   # stored rows of jobs that have ended
 from .store import Store
 from .store import reports as report_rows
 
@@ -179,17 +181,23 @@ class Ingest:
         jobs.on_refresh.append(self.complete_submit_times)
         self.jobs = jobs
 
-    def _known_job(self, cluster: str, job: dict, hook: str, created: float = 0) -> Job:
+    def _known_job(self, cluster: str, job: dict, hook: str, created: float = 0,
+                   late: bool = False) -> Job:
         """The job as the scheduler last listed it, else as the store knows it
         (the same job while it lives), else a new one awaiting its submit time.
 
-        A first prolog made after the listed job had ended is another job under
-        a reused id (slurmctld's state was reset): the listing is older than
-        it, so it is not used."""
+        A first prolog (attempt 0, sent at once, not replayed from a spool) is
+        a job that has just started: it is never a job whose stored row has
+        ended, or whose listing ended before the report was made. Such a
+        listing is older than the report (slurmctld's state was reset and the
+        id handed out again), so it is not used."""
         found = self.jobs.peek(job["job_id"]) if self.jobs is not None else None
-        if found is not None and hook == "prolog" and job["attempt"] == 0 \
-                and found.is_finished and found.end_time and created \
-                and found.end_time < created - 1:
+        first = hook == "prolog" and job["attempt"] == 0 and not late
+        if found is not None and first and (
+                (found.is_finished and found.end_time and created
+                 and found.end_time < created - 1)
+                or ((row := self.store.match_job(cluster, found)) is not None
+                    and row["state"] in ENDED)):
             found = None
         if found is not None:
             self.store.adopt_printable_id(cluster, found)
@@ -197,9 +205,9 @@ class Ingest:
         if self.jobs is not None:
             self.jobs.refresh_soon()
         existing = self.store.find_job(cluster, job["job_id"])
-        # a first prolog for an id whose stored job has finished is a reused id
+        # a first prolog for an id whose stored job has ended is a reused id
         reused = (existing is not None and hook == "prolog" and job["attempt"] == 0
-                  and existing["state"] in FINISHED_STATES)
+                  and existing["state"] in ENDED)
         submit = existing["submit_time"] if existing and not reused else 0
         return Job(job_id=job["job_id"], numeric_id=int(job["job_id"].split("_")[0]),
                    submit_time=submit, state="RUNNING" if hook == "prolog" else "UNKNOWN",
@@ -207,13 +215,13 @@ class Ingest:
                    user=job.get("user") or "")
 
     def _job(self, cluster: str, node: str, job: dict, hook: str,
-             created: float = 0) -> tuple[int, int]:
+             created: float = 0, late: bool = False) -> tuple[int, int]:
         try:
             spec, problem = specs.parse(job["spec"]), ""
         except specs.SpecError as exc:
             # the comment form is not checked at submit time: watch, never act
             spec, problem = specs.RecoverySpec(mode="monitor"), str(exc)
-        found = self._known_job(cluster, job, hook, created)
+        found = self._known_job(cluster, job, hook, created, late)
         attempt = job["attempt"]
         newest = replace(found, restart_count=max(found.restart_count, attempt))
         pk = self.store.record_job(newest, cluster=cluster, env=spec.env,
@@ -236,7 +244,8 @@ class Ingest:
             job_pk = attempt = None
             if report.get("job"):
                 job_pk, attempt = self._job(cluster, report["node"], report["job"], hook,
-                                            report.get("created") or 0)
+                                            report.get("created") or 0,
+                                            report.get("delivery") is not None)
             row = self._report_row(hook, report, cluster, job_pk, attempt, sender_uid)
             if job_pk is not None:   # judged already: the watch loop counts its XIDs
                 row["after_verdict"] = int(report_rows.has_verdict(self.store, job_pk, attempt))

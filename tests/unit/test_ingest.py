@@ -193,6 +193,31 @@ def test_a_stale_listing_of_a_reused_id_is_not_the_new_job(tmp_path):
     assert store.find_job("c1", "1235")["submit_time"] == 1_700_000_000
 
 
+def test_a_first_prolog_never_revives_an_ended_row(tmp_path):
+    """The RUNS=20 campaign: the job cache still listed the old job 1234 as
+    RUNNING (a listing from before it was cancelled and slurmctld reset); the
+    poller had marked its row gone and registered the new 1234 from its
+    comment. The new job's first prolog belongs to the new row; the old row
+    stays gone, with its own directive."""
+    old_job = Job(job_id="1234", numeric_id=1234, state="RUNNING", submit_time=1_700_000_000,
+                  user="alice")
+    sched = ListingScheduler([old_job])
+    cache = JobCache(sched, min_interval=0)
+    cache.refresh()
+    store = Store(tmp_path / "r.db")
+    old = store.record_job(old_job, cluster="c1", env="prod", mode="action", spec="prod:action")
+    store.db["jobs"].update(old, {"state": "GONE"})
+    new_job = replace(old_job, state="PENDING", submit_time=1_799_999_990)
+    new = store.record_job(new_job, cluster="c1", env="prod", mode="monitor", spec="prod:monitor")
+    client = TestClient(create_app(from_mapping({"api": {"auth": "none"}}),
+                                   Ingest(store, "c1", cache)))
+    job = {"job_id": "1234", "attempt": 0, "spec": "prod:monitor", "user": "alice"}
+    assert post(client, "prolog", report(job=job)).status_code == 201
+    rows = {r["id"]: r for r in store.db["jobs"].rows}
+    assert (rows[old]["state"], rows[old]["mode"]) == ("GONE", "action")
+    assert [r["job"] for r in store.db["node_reports"].rows] == [new]
+
+
 def test_health_report_needs_no_job(app):
     body = report("health", job=None)
     body.pop("preflight")
