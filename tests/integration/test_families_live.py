@@ -16,8 +16,9 @@ import shlex
 import pytest
 
 from recovery_agent.devcluster.inject import inject_xid
-from tests.integration.conftest import AgentProcess, job_row, wait_for
-from tests.integration.test_recovery_live import final_rec, job_now, recs
+from tests.integration.conftest import job_row, wait_for
+# act_agent: the recovery suite's module agent (its own store), one per module here too
+from tests.integration.test_recovery_live import act_agent, final_rec, job_now, recs  # noqa: F401
 
 pytestmark = pytest.mark.live
 
@@ -36,14 +37,6 @@ NCCL_SEGFAULT = ("Signal: Segmentation fault (11)",
 ILLEGAL_ADDRESS = "RuntimeError: CUDA error: an illegal memory access was encountered"
 # ho-mockingbird774-errno28-after-8-days (public_tune.jsonl)
 FULL_DISK = "OSError: [Errno 28] No space left on device"
-
-
-@pytest.fixture(scope="module")
-def family_agent(devcluster, tmp_path_factory):
-    a = AgentProcess(devcluster, db=tmp_path_factory.mktemp("families") / "recovery.db")
-    a.start()
-    yield a
-    a.stop()
 
 
 def printing(*lines: str, code: int = 1, wait_for_file: str | None = None) -> str:
@@ -69,40 +62,40 @@ def reason_of(agent, rec_id: int) -> str:
     return agent.query("select reason from recommendations where id = ?", rec_id)[0][0] or ""
 
 
-def test_a_bare_task_exit_is_unexplained_requeued_once_then_stopped(family_agent, submit,
+def test_a_bare_task_exit_is_unexplained_requeued_once_then_stopped(act_agent, submit,
                                                                      devcluster):
     """Slurm's own 'srun: error: NODE: task N: Exited with exit code 3' and
     nothing else: what any failure leaves behind. Requeued, no node blamed; the
     second one spends the unexplained budget (unknown_max_restarts = 1)."""
     script = "srun --kill-on-bad-exit=1 bash -c 'echo step 1 loss 2.0; exit 3'"
-    rec = first_decision(family_agent, submit, script)
+    rec = first_decision(act_agent, submit, script)
     assert (rec["action"], rec["status"], rec["rule"]) == ("requeue", "done", "unexplained")
     assert rec["exclude"] == []
-    second = final_rec(family_agent, rec["job_pk"], timeout=90, attempt=1)
+    second = final_rec(act_agent, rec["job_pk"], timeout=90, attempt=1)
     assert (second["action"], second["rule"]) == ("stop", "unknown_budget")
 
 
-def test_a_store_timeout_is_requeued_without_blaming_a_node(family_agent, submit):
-    rec = first_decision(family_agent, submit, printing(STORE_TIMEOUT))
+def test_a_store_timeout_is_requeued_without_blaming_a_node(act_agent, submit):
+    rec = first_decision(act_agent, submit, printing(STORE_TIMEOUT))
     assert (rec["action"], rec["status"]) == ("requeue", "done")
     assert rec["exclude"] == []
-    assert "store" in reason_of(family_agent, rec["id"])
+    assert "store" in reason_of(act_agent, rec["id"])
 
 
-def test_a_peer_closing_the_connection_is_requeued_not_stopped(family_agent, submit):
-    rec = first_decision(family_agent, submit, printing(PEER_CLOSED))
+def test_a_peer_closing_the_connection_is_requeued_not_stopped(act_agent, submit):
+    rec = first_decision(act_agent, submit, printing(PEER_CLOSED))
     assert (rec["action"], rec["status"]) == ("requeue", "done")
     # the peer (10.10.1.3) is no node of this job: nothing outside it is excluded
     assert rec["exclude"] == []
 
 
-def test_a_segfault_inside_nccl_is_requeued_not_stopped(family_agent, submit):
-    rec = first_decision(family_agent, submit, printing(*NCCL_SEGFAULT, code=139))
+def test_a_segfault_inside_nccl_is_requeued_not_stopped(act_agent, submit):
+    rec = first_decision(act_agent, submit, printing(*NCCL_SEGFAULT, code=139))
     assert (rec["action"], rec["status"]) == ("requeue", "done")
-    assert "libnccl" in reason_of(family_agent, rec["id"])
+    assert "libnccl" in reason_of(act_agent, rec["id"])
 
 
-def test_a_cuda_error_with_an_xid_on_the_node_excludes_that_node(family_agent, submit,
+def test_a_cuda_error_with_an_xid_on_the_node_excludes_that_node(act_agent, submit,
                                                                 devcluster, tmp_path,
                                                                 cleanup):
     """An illegal address may be the code or the GPU; XID 119 (a GSP RPC
@@ -116,19 +109,19 @@ def test_a_cuda_error_with_an_xid_on_the_node_excludes_that_node(family_agent, s
     job = wait_for(lambda: (j := job_now(sched, job_id)) and j.state == "RUNNING" and j, 60,
                    f"job {job_id} RUNNING")
     bad = job.nodes[1]
-    cleanup.append((bad, family_agent))
+    cleanup.append((bad, act_agent))
     inject_xid(devcluster.lay, bad, 0, 119)
     go.touch()
-    row = wait_for(lambda: job_row(family_agent, job_id), 30, f"job {job_id} registered")
-    rec = final_rec(family_agent, row[0], attempt=0)
+    row = wait_for(lambda: job_row(act_agent, job_id), 30, f"job {job_id} registered")
+    rec = final_rec(act_agent, row[0], attempt=0)
     assert (rec["action"], rec["status"]) == ("requeue_exclude", "done")
     assert rec["exclude"] == [bad]
 
 
-def test_a_full_disk_stops_with_the_reason(family_agent, submit, devcluster):
-    rec = first_decision(family_agent, submit, printing(FULL_DISK))
+def test_a_full_disk_stops_with_the_reason(act_agent, submit, devcluster):
+    rec = first_decision(act_agent, submit, printing(FULL_DISK))
     assert (rec["action"], rec["status"]) == ("stop", "done")
-    assert "no space left" in reason_of(family_agent, rec["id"]).lower()
+    assert "no space left" in reason_of(act_agent, rec["id"]).lower()
     job = devcluster.scheduler().get_job(rec["job_id"])
     assert job.restart_count == 0
-    assert [r for r in recs(family_agent, rec["job_pk"], "job") if r["action"] != "stop"] == []
+    assert [r for r in recs(act_agent, rec["job_pk"], "job") if r["action"] != "stop"] == []
