@@ -13,6 +13,8 @@ TEST_PORT      ?= 26817
 PYTEST_ARGS    ?=
 # make resilience RUNS=N: every scenario of the campaign N times (docs/resilience.md)
 RUNS           ?= 1
+# ... in SHARDS pytest runs at once, each on a dev cluster of its own (ports 5000 apart)
+SHARDS         ?= 1
 
 APT_PACKAGES := slurm-wlm slurmctld slurmd slurm-client munge libmunge2 libslurm-dev \
                 gcc make python3-venv python3-dev chromium prometheus victoria-metrics \
@@ -75,13 +77,8 @@ bench: deps build
 	$(BIN)/python -m tests.benchmarks.summary | tee docs/benchmarks.md
 
 resilience: deps build
-	@$(BIN)/recovery-devcluster up --state-dir $(TEST_STATE_DIR) --port $(TEST_PORT)
-	@rc=0; RECOVERY_DEVCLUSTER_DIR=$(TEST_STATE_DIR) RECOVERY_TEST_PORT=$(TEST_PORT) \
-	  $(BIN)/python -m pytest -m resilience --resilience-report=docs/resilience.md \
-	  --resilience-runs=$(RUNS) $(PYTEST_ARGS) || rc=$$?; \
-	  $(BIN)/recovery-devcluster down --state-dir $(TEST_STATE_DIR); \
-	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; fi; \
-	  exit $$rc
+	@BIN=$(BIN) RUNS=$(RUNS) SHARDS=$(SHARDS) TEST_STATE_DIR=$(TEST_STATE_DIR) \
+	  TEST_PORT=$(TEST_PORT) PYTEST_ARGS="$(PYTEST_ARGS)" bash tests/resilience_campaign.sh
 
 demo: deps build
 	DEMO_STATE_DIR=$(DEMO_STATE_DIR) bash contrib/demo/demo.sh

@@ -66,11 +66,57 @@ def pytest_addoption(parser):
                      help="repeat every resilience-marked test until it has made N "
                           "runs, each repetition a test of its own (default 1: no "
                           "repetition)")
+    parser.addoption("--resilience-shard", metavar="K/N", default=None,
+                     help="run only the K-th of N shares of the resilience tests (each "
+                          "share on a dev cluster of its own), and write the campaign's "
+                          "rows as JSON to the report path for `python -m "
+                          "tests.resilience_merge` to join")
 
 
 def pytest_configure(config):
     if config.getoption("--resilience-runs") < 1:
         raise pytest.UsageError("--resilience-runs: must be at least 1")
+    shard_of(config)
+
+
+def shard_of(config) -> tuple[int, int] | None:
+    """``--resilience-shard K/N`` as (K, N), 1 <= K <= N; None when not given."""
+    text = config.getoption("--resilience-shard", default=None)
+    if text is None:
+        return None
+    match = re.fullmatch(r"(\d+)/(\d+)", text.strip())
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        raise pytest.UsageError(f"--resilience-shard {text!r}: expected K/N with 1 <= K <= N")
+    return int(match[1]), int(match[2])
+
+
+def shares(base_ids: list[str], count: int) -> dict[str, int]:
+    """Which share (1..count) each test goes to: round robin in collection order,
+    within each directory (the slow live tests are spread over the shares, and so
+    are the fast unit ones). Every repetition of a test goes with it."""
+    seen: dict[str, int] = {}
+    placed: dict[str, int] = {}
+    for base in base_ids:
+        if base in placed:
+            continue
+        folder = base.split("::")[0].rpartition("/")[0]
+        placed[base] = seen.get(folder, 0) % count + 1
+        seen[folder] = seen.get(folder, 0) + 1
+    return placed
+
+
+def pytest_collection_modifyitems(config, items):
+    shard = shard_of(config)
+    if shard is None:
+        return
+    mine, count = shard
+    placed = shares([_RUN_ID.sub("", i.nodeid) for i in items
+                     if i.get_closest_marker("resilience")], count)
+    keep = [i for i in items if placed.get(_RUN_ID.sub("", i.nodeid)) == mine]
+    drop = [i for i in items if i not in keep]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def _declared_runs(marker) -> int:
@@ -177,16 +223,22 @@ def pytest_runtest_makereport(item, call):
         row["checks"].append(checks)
 
 
-def campaign_report(campaign: dict[str, dict], wanted: int) -> str:
-    """docs/resilience.md from the rows collected."""
+def campaign_report(campaign: dict[str, dict], wanted: int, shares: int = 1) -> str:
+    """docs/resilience.md from the rows collected (of ``shares`` pytest runs side by
+    side, each on a dev cluster of its own)."""
     import datetime
     import platform
-    make = "make resilience" + (f" RUNS={wanted}" if wanted > 1 else "")
+    make = "make resilience" + (f" RUNS={wanted}" if wanted > 1 else "") + (
+        f" SHARDS={shares}" if shares > 1 else "")
+    where = ("on a real dev cluster" if shares == 1 else
+             f"in {shares} shares at once, each a pytest of its own on a real dev cluster of "
+             "its own")
     lines = ["# Resilience campaign", "",
              f"Made by `{make}` (pytest `-m resilience --resilience-runs={wanted}`, the slow "
-             "scenarios included) on a real dev cluster: Slurm, munge and the agent run for "
+             f"scenarios included) {where}: Slurm, munge and the agent run for "
              f"real; {datetime.date.today().isoformat()}, {platform.node()}, "
-             f"{platform.python_implementation()} {platform.python_version()}.", "",
+             f"{platform.python_implementation()} {platform.python_version()}"
+             f"{_commit()}.", "",
              "A run is one pass through a scenario: one execution of a test, or, for a test "
              "that drives its scenario several times itself (the SIGKILL loops), each of "
              "those passes. " + (
@@ -215,9 +267,52 @@ def campaign_report(campaign: dict[str, dict], wanted: int) -> str:
     return "\n".join(lines)
 
 
+def _commit() -> str:
+    """', commit abc1234' (with '+' when the work tree has changes), or '' outside git."""
+    try:
+        root = Path(__file__).resolve().parents[1]
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True,
+                               timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    if head.returncode != 0:
+        return ""
+    return f", commit {head.stdout.strip()}{'+' if dirty.stdout.strip() else ''}"
+
+
+def campaign_json(campaign: dict[str, dict]) -> str:
+    """The rows as JSON, for a campaign run in shares (tests.resilience_merge)."""
+    return json.dumps({s: {**r, "tests": sorted(r["tests"])} for s, r in campaign.items()},
+                      indent=1, sort_keys=True)
+
+
+def merge_campaigns(parts: list[dict[str, dict]]) -> dict[str, dict]:
+    """The rows of several shares as one campaign (a scenario's tests may sit in
+    several shares)."""
+    merged: dict[str, dict] = {}
+    for part in parts:
+        for scenario, row in part.items():
+            into = merged.setdefault(scenario, {"tests": set(), "items": 0, "runs": 0,
+                                                "passed": 0, "checks": [], "ids": {},
+                                                "failed": []})
+            into["tests"] |= set(row["tests"])
+            for key in ("items", "runs", "passed"):
+                into[key] += row[key]
+            into["ids"].update(row["ids"])
+            into["failed"] += row["failed"]
+            into["checks"] += [c for c in row["checks"] if c not in into["checks"]]
+    return merged
+
+
 def pytest_sessionfinish(session, exitstatus):
     path = session.config.getoption("--resilience-report", default=None)
     if not path or not _CAMPAIGN:
+        return
+    if shard_of(session.config) is not None:
+        Path(path).write_text(campaign_json(_CAMPAIGN) + "\n")
         return
     text = campaign_report(_CAMPAIGN, session.config.getoption("--resilience-runs"))
     Path(path).write_text(text)

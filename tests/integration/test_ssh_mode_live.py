@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import job_row, wait_for
+from tests.integration.conftest import TEST_PORT, job_row, wait_for
 from tests.integration.test_recovery_live import (final_rec, own_agent, running_again,
                                                   xid_under_job)
 
 pytestmark = pytest.mark.live
 SSHD = "/usr/sbin/sshd"
-SSH_PORT = 39322
+SSH_PORT = TEST_PORT + 12505    # 39322 beside the default cluster; apart for a share's
 
 
 class Sshd:

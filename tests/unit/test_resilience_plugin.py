@@ -153,3 +153,46 @@ def test_between_repetitions_the_cluster_must_settle():
     assert wait_clean(Cluster(settle=2), timeout=5, interval=0.01) == ""
     problem = wait_clean(Cluster(settle=10**6), timeout=0.05, interval=0.01)
     assert problem == "jobs left held: 7; nodes not available: node1"
+
+
+def test_shares_split_the_tests_and_join_into_the_same_table(campaign):
+    from tests.conftest import merge_campaigns
+    whole = campaign.runpytest("--resilience-report=whole.md", "--resilience-runs=3",
+                               "-p", "no:cacheprovider")
+    assert whole.ret == 1
+    ran = []
+    for k in (1, 2):
+        part = campaign.runpytest(f"--resilience-shard={k}/2", f"--resilience-report=s{k}.json",
+                                  "--resilience-runs=3", "-p", "no:cacheprovider", "-v")
+        ran.append({line.split(" ")[0] for line in part.outlines
+                    if line.startswith("test_campaign.py::")})
+    assert ran[0] and ran[1] and not ran[0] & ran[1]
+    # a test's repetitions stay together in one share
+    flaky = [i for i, names in enumerate(ran) if any("test_flaky[" in n for n in names)]
+    assert len(flaky) == 1 and len([n for n in ran[flaky[0]] if "test_flaky[" in n]) == 3
+    import json
+    parts = [json.loads((campaign.path / f"s{k}.json").read_text()) for k in (1, 2)]
+    merged = merge_campaigns(parts)
+    from tests.conftest import campaign_report
+    (campaign.path / "joined.md").write_text(campaign_report(merged, 3, shares=2))
+    assert rows(campaign.path / "joined.md") == rows(campaign.path / "whole.md")
+    assert "make resilience RUNS=3 SHARDS=2" in (campaign.path / "joined.md").read_text()
+
+
+def test_a_bad_share_is_a_usage_error(campaign):
+    for bad in ("0/2", "3/2", "two", "1/0"):
+        result = campaign.runpytest(f"--resilience-shard={bad}", "-p", "no:cacheprovider")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, bad
+        assert "expected K/N with 1 <= K <= N" in "\n".join(result.errlines)
+
+
+def test_the_merge_tool_refuses_a_share_that_left_no_rows(tmp_path, capsys):
+    from tests.resilience_merge import main
+    good = tmp_path / "a.json"
+    good.write_text('{"s": {"tests": ["t"], "items": 1, "runs": 1, "passed": 1, '
+                    '"checks": ["c"], "ids": {"t": 1}, "failed": []}}')
+    assert main(["--runs", "1", "--out", str(tmp_path / "r.md"), str(good),
+                 str(tmp_path / "missing.json")]) == 1
+    assert "missing.json" in capsys.readouterr().err and not (tmp_path / "r.md").exists()
+    assert main(["--runs", "1", "--out", str(tmp_path / "r.md"), str(good), str(good)]) == 0
+    assert "| s | 1 | 2 | 2 | c |" in (tmp_path / "r.md").read_text()
