@@ -22,7 +22,7 @@ from slurm_hooks import kmsg
 from slurm_hooks import spec as specs
 
 from .config import Config
-from .detect.attribution import AttributionContext, all_detections, attribute
+from .detect.attribution import AttributionContext, LayoutLines, all_detections, attribute
 from .detect.checkpoint import CheckpointWatcher, newest_checkpoint
 from .detect.model import Detection, Evidence, Verdict
 from .detect.progress import HangDetector, StragglerDetector
@@ -78,6 +78,7 @@ class AttemptWatch:
     found: list = field(default_factory=list)   # this attempt's detections, for the verdict
     found_at: list = field(default_factory=list)  # when each was seen (agent clock)
     rights: Rights | None = None   # the job user's: its output and ckpt= are read with them
+    layout: LayoutLines = field(default_factory=LayoutLines)   # what the log says of placement
 
     @property
     def key(self) -> str:
@@ -510,9 +511,9 @@ class Watcher:
             if watch.unstored:   # still refused: the verdict waits with them
                 raise self._deferred or StoreError("store refused detections")
         node_fail = tuple(watch.nodes) if job is not None and job.state == "NODE_FAIL" else ()
-        context = AttributionContext(nodes=tuple(watch.nodes),
-                                     node_events=tuple(self._node_events(watch, now)),
-                                     node_fail=node_fail)
+        context = watch.layout.context(nodes=tuple(watch.nodes),
+                                       node_events=tuple(self._node_events(watch, now)),
+                                       node_fail=node_fail)
         verdict = attribute(watch.found, context)
         consulted = None
         if self.provider is not None:
@@ -628,11 +629,13 @@ class Watcher:
         scanner (same detections as line by line, at a fraction of the cost)."""
         straggler, ckpt = watch.straggler, watch.ckpt
         hang = watch.hang if watch.hang.enabled else None   # off: nothing to feed it
+        layout = watch.layout
         for line in run:
             if hang is not None:
                 hang.feed(now, line.text, path, line.lineno)
             straggler.feed(now, line.text)
             ckpt.feed(now, line.text)
+            layout.feed(line.text)
         stream = watch.streams.get(path) or watch.streams.setdefault(
             path, self.scanner.stream(path, origin="job"))
         stream.lineno = run[0].lineno - 1
@@ -756,8 +759,8 @@ class Watcher:
                         slow: list[Detection], now: float) -> None:
         """Decide on a running attempt that hangs or straggles."""
         if hang:
-            context = AttributionContext(nodes=tuple(watch.nodes),
-                                         node_events=tuple(self._node_events(watch, now)))
+            context = watch.layout.context(nodes=tuple(watch.nodes),
+                                           node_events=tuple(self._node_events(watch, now)))
             self._decide(watch, job, attribute(watch.found, context), "hang",
                          all_detections(watch.found, context))
         elif slow:

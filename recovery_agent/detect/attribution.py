@@ -36,7 +36,7 @@ from .model import Detection, Evidence, Verdict
 from .patterns import xid_action
 from .scanner import line_origin
 
-__all__ = ["AttributionContext", "Layout", "PriorAttempt", "across_attempts", "all_detections",
+__all__ = ["AttributionContext", "Layout", "LayoutLines", "PriorAttempt", "across_attempts", "all_detections",
            "attribute", "context_from_lines", "parse_layout", "read_node_addresses",
            "with_host"]
 
@@ -127,8 +127,8 @@ def parse_layout(lines: Iterable[str]) -> Layout:
             if match:
                 for rank in _ranks(match.group(2)):
                     ranks.setdefault(rank, match.group(1))
-        if "NCCL" in line or "[rank" in line:
-            _prefix_facts(line, tasks, task_ranks, addresses)
+        if "NCCL" in line or "[rank" in line or "MPICH ERROR" in line:
+            _prefix_facts(line, tasks, task_ranks, addresses, ranks)
         if "NCCL INFO" in line:
             _nccl_line(line, nccl, addresses)
         match = _SUMMARY.match(line) if ":" in line else None
@@ -146,11 +146,14 @@ def parse_layout(lines: Iterable[str]) -> Layout:
     return Layout(tuple(nodes), ranks, addresses, tasks)
 
 
-def _prefix_facts(line: str, tasks: dict, task_ranks: set, addresses: dict) -> None:
+def _prefix_facts(line: str, tasks: dict, task_ranks: set, addresses: dict,
+                  ranks: dict) -> None:
     origin = line_origin(line)
     named = origin.host if origin.host != origin.address else None
     if origin.task is not None and named:
         tasks.setdefault(origin.task, named)
+    if origin.rank is not None and named:     # a rank's own line, naming its node
+        ranks.setdefault(origin.rank, named)
     if origin.task is not None and origin.rank is not None:
         task_ranks.add((origin.task, origin.rank))
     if origin.address and named:
@@ -218,6 +221,39 @@ def _expand(hosts: str) -> list[str]:
         return list(hostlist.expand_hostlist(hosts))
     except Exception:   # a malformed list: keep it as one name
         return [hosts]
+
+
+class LayoutLines:
+    """The lines of a job's log that state its layout (:func:`parse_layout`'s
+    input: node lists, ``srun -v`` launch lines, NCCL init and bootstrap lines,
+    rank-prefixed and Cray MPICH lines, torchrun's failure summary), kept as the
+    log streams past so the agent's verdict knows the same rank -> host and
+    address -> host maps as ``patterns score`` does offline. A cheap test on
+    each line; at most ``cap`` lines kept (``cap // 8`` of the rank-prefixed
+    ones, which a chatty job prints on every step)."""
+
+    MARKERS = ("NCCL INFO", "NodeList=", "NODELIST", "TASKS_PER_NODE", "launching ",
+               "MPICH ERROR")
+    LONGEST = 2048
+
+    def __init__(self, cap: int = 4096) -> None:
+        self.cap = cap
+        self.lines: list[str] = []
+        self._ranked = 0
+
+    def feed(self, text: str) -> None:
+        if len(self.lines) >= self.cap:
+            return
+        if any(marker in text for marker in self.MARKERS) \
+                or text.lstrip()[:4] in ("host", "rank"):
+            self.lines.append(text[:self.LONGEST])
+        elif "[rank" in text and self._ranked < self.cap // 8:
+            self._ranked += 1
+            self.lines.append(text[:self.LONGEST])
+
+    def context(self, **known) -> AttributionContext:
+        """:func:`context_from_lines` on the kept lines, ``known`` winning."""
+        return context_from_lines(self.lines, **known)
 
 
 def context_from_lines(lines: Iterable[str], **known) -> AttributionContext:

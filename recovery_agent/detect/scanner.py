@@ -504,9 +504,15 @@ _RANK = re.compile(r"\[rank(\d+)\]: ?")
 # Open MPI's --tag-output [job,rank]<stdout>:, and the BTLs' [host][[job,vpid],rank][file:line:fn]
 _MPI_RANK = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>: ?")
 _MPI_BTL = re.compile(r"\[(" + _HOST + r")\]\[\[?\d+,(\d+)\]?,(\d+)\]\[")   # job 0: the daemons
+# HPE Cray MPICH's abort line: "MPICH ERROR [Rank R] [job id J] [ctime] [host] - Abort(..."
+# (an older one puts "[unknown]" before the host): the rank and the node it ran on
+_CRAY_MPICH = re.compile(r"MPICH ERROR \[Rank (\d+)\] (?:\[job id [^\]]{1,80}\] )?"
+                         r"(?:\[[^\]]{1,40}\] )?(?:\[unknown\] )?\[(" + _HOST + r")\]")
 # a Ray worker's (Class pid=N, ip=A), an old one's (pid=N, ip=A), (raylet, ip=A)
 _RAY = re.compile(r"\((?:\w+ pid=\d+|pid=\d+|raylet)(?:, ip=(" + _IPV4 + r"))?[^)]*\) ")
-_NAMED = re.compile(r"(?:srun: error: |slurmstepd-|pdsh@\S+: |clush: )([A-Za-z0-9][\w.\[\],-]*)"
+# (srun's "error: slurm_receive_msgs: [[host]:6818] failed" names a function, not a node)
+_NAMED = re.compile(r"(?:srun: error: (?!slurm_\w+: )|slurmstepd-|pdsh@\S+: |clush: )"
+                    r"([A-Za-z0-9][\w.\[\],-]*)"
                     r"(?:: tasks? [\d,\[\]-]+)?: |\[\d\d/\d\d/\d{4} [\d:]{8}\]\[(" + _HOST
                     + r")\]\[\d+\]:"   # ... and cuda_memtest's [date time][host][dev]:
                     r"|\[proxy:[\d:]+@(" + _HOST + r")\] "   # MPICH/Intel MPI hydra's proxy
@@ -557,6 +563,8 @@ def line_origin(line: str) -> Origin:
             rank = int(found.group(1))
         if found is None and (found := _RAY.match(line, pos)):
             address = found.group(1) or address
+        if found is None and (found := _CRAY_MPICH.match(line, pos)):
+            host, rank = found.group(2), int(found.group(1))
         if found is None and (found := _MPI_BTL.match(line, pos)):
             host = found.group(1)
             rank = int(found.group(3)) if found.group(2) != "0" else rank

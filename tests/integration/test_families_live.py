@@ -125,3 +125,49 @@ def test_a_full_disk_stops_with_the_reason(act_agent, submit, devcluster):
     job = devcluster.scheduler().get_job(rec["job_id"])
     assert job.restart_count == 0
     assert [r for r in recs(act_agent, rec["job_pk"], "job") if r["action"] != "stop"] == []
+
+
+# The driver's own line, written into the node's kernel log by inject_xid in the
+# format NVRM prints; each code's reading is the catalog's bucket
+# (tests/fixtures/corpus/xid_catalog.jsonl), not a hand-picked set.
+@pytest.mark.parametrize("xid, action, excluded", [
+    (64, "requeue_exclude", True),    # row remapping failure: RESET_GPU, the GPU stays bad
+    (63, "requeue", False),           # a row remapping event: IGNORE, no reason to exclude
+    (13, "stop", False),              # graphics exception: the program's own fault
+], ids=["xid64-exclude", "xid63-informational", "xid13-application"])
+def test_an_xid_alone_gets_its_catalog_decision(act_agent, submit, devcluster, tmp_path,
+                                                cleanup, xid, action, excluded):
+    """A job that fails with nothing in its own output but a step line, while
+    one of its nodes' kernel log gets one XID: the catalog's bucket decides."""
+    sched = devcluster.scheduler()
+    go = tmp_path / "go"
+    job_id = submit("-N2", "--ntasks-per-node=1", "--requeue", "--open-mode=append",
+                    "--recovery=act", "-o", "family-%j.out",
+                    script=printing(wait_for_file=str(go)))
+    job = wait_for(lambda: (j := job_now(sched, job_id)) and j.state == "RUNNING" and j, 60,
+                   f"job {job_id} RUNNING")
+    bad = job.nodes[1]
+    cleanup.append((bad, act_agent))
+    inject_xid(devcluster.lay, bad, 0, xid)
+    go.touch()
+    row = wait_for(lambda: job_row(act_agent, job_id), 30, f"job {job_id} registered")
+    rec = final_rec(act_agent, row[0], attempt=0)
+    assert (rec["action"], rec["status"]) == (action, "done")
+    assert rec["exclude"] == ([bad] if excluded else [])
+    if action == "stop":
+        assert sched.get_job(job_id).restart_count == 0
+        assert "application error" in reason_of(act_agent, rec["id"]).lower()
+
+
+# a checkpoint-error write-up quoting PyTorch's inline_container.cc (filesystem.toml)
+SHORT_WRITE = ("RuntimeError: [enforce fail at inline_container.cc:858] . PytorchStreamWriter "
+               "failed writing file data/37: file write failed")
+
+
+def test_a_checkpoint_write_error_without_a_full_disk_is_retried(act_agent, submit):
+    """A short write with no ENOSPC or quota text: a transient filesystem error
+    is retried once (a full disk is stopped: test_a_full_disk_stops_...)."""
+    rec = first_decision(act_agent, submit, printing(SHORT_WRITE))
+    assert (rec["action"], rec["status"]) == ("requeue", "done")
+    assert rec["exclude"] == []
+    assert "i/o error" in reason_of(act_agent, rec["id"]).lower()

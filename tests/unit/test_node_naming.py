@@ -204,6 +204,10 @@ NO_NODE = [
     "ERROR: cudaGetDeviceCount CUDA driver version is insufficient for CUDA runtime version",
     "W0409 07:28:49.530000 1359 torch/distributed/elastic/agent/server/api.py:719] Received 15 "
     "death signal, shutting down workers",
+    # srun naming the Slurm function that failed, not a node (tune:r3-pcluster4179-srun-
+    # rpc-timeouts-many-nodes)
+    "srun: error: slurm_receive_msgs: [[ip-172-31-230-255.ec2.internal]:6818] failed: Socket "
+    "timed out on send/recv operation",
     # PyTorch's rank prefix (tune:ho-keysvalues92-rank0-oom-with-other-process-list)
     '[rank0]:   File "/home/ubuntu/virtenvs/keysvals_cuda12.8/lib/python3.12/site-packages/'
     'litgpt/lora.py", line 355, in conv1d',
@@ -279,6 +283,26 @@ def test_the_global_rank_comes_from_the_prefix():
 
 
 # -- the layout a log states ---------------------------------------------------------
+
+# HPE Cray MPICH's abort line names the rank and its node (Perlmutter, LUMI: public
+# job logs quoted in repositories, find_string "MPICH ERROR [Rank"; tune:r3-e3sm8699)
+CRAY_ABORT = ("MPICH ERROR [Rank 1534] [job id 114930.0] [Mon Feb 15 14:58:48 2021] [unknown] "
+              "[nid001192] - Abort(672797967) (rank 1534 in comm 0): Fatal error in PMPI_Isend: "
+              "Other MPI error, error stack:")
+CRAY_LABELLED = ("2047: MPICH ERROR [Rank 2047] [job id 57638547.0] [Fri Aug 28 22:45:13 2026] "
+                 "[nid004069] - Abort(1) (rank 2047 in comm 432): application called "
+                 "MPI_Abort(comm=0xC4000001, 1) - process 2047")
+
+
+def test_cray_mpich_abort_lines_name_the_rank_and_its_node():
+    assert line_origin(CRAY_ABORT)[:2] == ("nid001192", 1534)
+    assert line_origin(CRAY_LABELLED)[:3] == ("nid004069", 2047, 2047)
+    # without the bracketed fields nothing is named (cray_common_memops, no host)
+    assert line_origin("MPICH ERROR [Rank 0] - Abort(1): Internal error").host is None
+    layout = parse_layout([CRAY_ABORT, CRAY_LABELLED])
+    assert layout.rank_hosts == {1534: "nid001192", 2047: "nid004069"}
+    assert layout.task_hosts == {2047: "nid004069"}
+
 
 def test_srun_labels_carry_a_task_and_its_ranks_to_a_host():
     # tune:ho-nccl1176-avoid-record-streams-warning-benign (NVIDIA/nccl#1176)

@@ -284,3 +284,57 @@ def test_a_fatal_xid_arriving_after_the_verdict_counts_against_its_node_once(tmp
     assert len(ended.verdicts()) == 1     # the verdict stands
     ended.until(4)
     assert len(ended.store.strikes("node2")) == 1 and len(ended.messages("late_evidence")) == 1
+
+
+# printenv in a Slurm step, quoted on the Open MPI users list (tests/unit/test_node_naming.py)
+SLURM_ENV = ["SLURM_NODELIST=borgo[086,140]", "SLURM_NTASKS_PER_NODE=4", "SLURM_NNODES=2",
+             "SLURM_NTASKS=8", "SLURM_TASKS_PER_NODE=4(x2)"]
+# dev:vllm6976-watchdog-illegal-memory-access
+RANK5_LINE = ("[rank5]:[E1012 11:34:10.718322889 ProcessGroupNCCL.cpp:1515] [PG 3 Rank 5] Process "
+              "group watchdog thread terminated with exception: CUDA error: an illegal memory "
+              "access was encountered")
+
+
+def test_the_verdict_knows_the_layout_the_log_states(tmp_path, monkeypatch):
+    """The agent's verdict gets the rank -> host map the job's own log states,
+    as `patterns score` does offline: a rank-prefixed error names its node."""
+    import recovery_agent.watch as watch_module
+    seen = []
+    real = watch_module.attribute
+    monkeypatch.setattr(watch_module, "attribute",
+                        lambda found, context=None: seen.append(context) or real(found, context))
+    out = tmp_path / "ranks-77.out"
+    out.write_text("\n".join(SLURM_ENV) + "\nstep 1 loss 2.0\n")
+    clock = [2000.0]
+    watcher, store, sched = make(tmp_path, clock)
+    nodes = ("borgo086", "borgo140")
+    sched.jobs = [job("RUNNING", str(out), nodes=nodes)]
+    watcher.cycle()
+    with open(out, "a") as fh:
+        fh.write(RANK5_LINE + "\n")
+    clock[0] += 2
+    watcher.cycle()
+    sched.jobs = [job("FAILED", str(out), exit_code=1, nodes=nodes)]
+    watcher.cycle()
+    clock[0] += 20
+    watcher.cycle()
+    (verdict,) = events(store, "verdict")
+    assert verdict["data"]["category"] == "cuda_error"
+    context = seen[-1]
+    assert context.nodes == nodes                 # Slurm's list, not the log's
+    assert context.rank_hosts[5] == "borgo140" and context.rank_hosts[0] == "borgo086"
+
+
+def test_layout_lines_keep_only_what_states_the_layout_and_are_bounded():
+    from recovery_agent.detect.attribution import LayoutLines
+    kept = LayoutLines(cap=16)
+    for line in ["step 1 loss 2.0", *SLURM_ENV, "epoch 3 done"]:
+        kept.feed(line)
+    assert kept.lines == [SLURM_ENV[0], SLURM_ENV[1], SLURM_ENV[4]]   # lists, tasks per node
+    for _ in range(100):
+        kept.feed(RANK5_LINE)            # a chatty rank-prefixed job: at most cap // 8
+    assert len(kept.lines) == 3 + 2
+    for _ in range(100):
+        kept.feed("SLURM_NODELIST=borgo[086,140]")
+    assert len(kept.lines) == 16
+    assert kept.context(nodes=("a",)).nodes == ("a",)
