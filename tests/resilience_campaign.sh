@@ -24,6 +24,12 @@ if [ "$SHARDS" -eq 1 ]; then
     exit "$rc"
 fi
 
+# A background job starts with SIGINT ignored, and Python keeps it so: the shim
+# gives pytest its Ctrl-C back (KeyboardInterrupt: fixtures torn down, clusters
+# and agents stopped) before it execs it.
+interruptible=("$BIN/python" -c 'import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+os.execv(sys.argv[1], sys.argv[1:])' "$BIN/python")
 declare -a dirs ports pids
 for k in $(seq 1 "$SHARDS"); do
     dirs[k]="$TEST_STATE_DIR-share$k"
@@ -37,14 +43,16 @@ for k in $(seq 1 "$SHARDS"); do
     rm -f "${dirs[k]}.rows.json"
     echo "share $k/$SHARDS: dev cluster ${dirs[k]} (port ${ports[k]}), log ${dirs[k]}.log"
     RECOVERY_DEVCLUSTER_DIR="${dirs[k]}" RECOVERY_TEST_PORT="${ports[k]}" \
-        "$BIN/python" -m pytest -m resilience --resilience-shard="$k/$SHARDS" \
+        "${interruptible[@]}" -m pytest -m resilience --resilience-shard="$k/$SHARDS" \
         --resilience-report="${dirs[k]}.rows.json" --resilience-runs="$RUNS" "${extra[@]}" \
         > "${dirs[k]}.log" 2>&1 &
     pids[k]=$!
 done
+# Ctrl-C or a TERM: every share is interrupted and tears down, then the clusters go
+trap 'echo "make resilience: stopping the shares" >&2; kill -INT "${pids[@]}" 2>/dev/null' INT TERM
 rc=0
 for k in $(seq 1 "$SHARDS"); do
-    wait "${pids[k]}"; status=$?
+    while :; do wait "${pids[k]}"; status=$?; kill -0 "${pids[k]}" 2>/dev/null || break; done
     echo "share $k/$SHARDS: pytest exit $status; $(tail -n 1 "${dirs[k]}.log")"
     [ "$status" -eq 5 ] && echo "share $k collected no tests: failing" >&2
     [ "$status" -gt "$rc" ] && rc=$status

@@ -18,11 +18,10 @@ from typing import Callable
 
 import pytest
 
-from recovery_agent.devcluster.inject import clear_node
-from recovery_agent.errors import SchedulerError
-
 from recovery_agent.devcluster.cluster import DevCluster
 from recovery_agent.devcluster.config import local_spec
+from recovery_agent.devcluster.inject import clear_node
+from recovery_agent.errors import RecoveryError, SchedulerError
 
 TEST_PORT = int(os.environ.get("RECOVERY_TEST_PORT", "26817"))
 
@@ -92,6 +91,41 @@ class Submitter:
     def cleanup(self) -> None:
         if self.submitted:
             self.runner.run(["scancel", *self.submitted], check=False)
+
+    # how a job that ended on its own may still look like work to recover
+    _RECOVERABLE = frozenset({"FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "PREEMPTED",
+                              "DEADLINE"})
+
+    def retire(self, timeout: float = 60.0) -> None:
+        """Cancel everything submitted so far, and leave none of it for another
+        agent to recover. A job that had already failed stays FAILED in squeue
+        for MinJobAge: the next test's agent, with a store of its own, sees an
+        opted-in failure and requeues it, and that job then runs on into later
+        tests. Such a job is put back (held) and cancelled, so it ends CANCELLED.
+        Call it with no agent running."""
+        if not self.submitted:
+            return
+        self.cleanup()
+        sched = self.cluster.scheduler()
+        try:
+            sched.list_jobs()
+        except RecoveryError:   # slurmctld down (the test killed it): cancelled is all
+            return
+
+        def settled():
+            jobs = [j for j in sched.list_jobs() if j.job_id in self.submitted]
+            return None if any(not j.is_finished for j in jobs) else ("ended", jobs)
+
+        _, ended = wait_for(settled, timeout, "the test's jobs ended")
+        for job in ended:
+            if job.state in self._RECOVERABLE:
+                self.runner.run(["scontrol", "update", f"jobid={job.job_id}", "requeue=1"],
+                                check=False)
+                self.runner.run(["scontrol", "requeuehold", job.job_id], check=False)
+                self.runner.run(["scancel", job.job_id], check=False)
+        wait_for(lambda: not [j for j in sched.list_jobs() if j.job_id in self.submitted
+                              and (j.state in self._RECOVERABLE or not j.is_finished)],
+                 timeout, "the test's failed jobs cancelled")
 
 
 @pytest.fixture
