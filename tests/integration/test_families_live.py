@@ -133,8 +133,11 @@ def test_a_full_disk_stops_with_the_reason(act_agent, submit, devcluster):
 @pytest.mark.parametrize("xid, action, excluded", [
     (64, "requeue_exclude", True),    # row remapping failure: RESET_GPU, the GPU stays bad
     (63, "requeue", False),           # a row remapping event: IGNORE, no reason to exclude
-    (13, "stop", False),              # graphics exception: the program's own fault
-], ids=["xid64-exclude", "xid63-informational", "xid13-application"])
+    # a graphics exception: the program's own fault in the catalog, but a node report
+    # cannot tell whose program (another job's on a shared node): node evidence only
+    # counts for the fatal codes, so this is a failure without evidence, requeued
+    (13, "requeue", False),
+], ids=["xid64-exclude", "xid63-informational", "xid13-not-ours-to-judge"])
 def test_an_xid_alone_gets_its_catalog_decision(act_agent, submit, devcluster, tmp_path,
                                                 cleanup, xid, action, excluded):
     """A job that fails with nothing in its own output but a step line, while
@@ -154,9 +157,8 @@ def test_an_xid_alone_gets_its_catalog_decision(act_agent, submit, devcluster, t
     rec = final_rec(act_agent, row[0], attempt=0)
     assert (rec["action"], rec["status"]) == (action, "done")
     assert rec["exclude"] == ([bad] if excluded else [])
-    if action == "stop":
-        assert sched.get_job(job_id).restart_count == 0
-        assert "application error" in reason_of(act_agent, rec["id"]).lower()
+    if not excluded:
+        assert "without evidence" in reason_of(act_agent, rec["id"])
 
 
 # a checkpoint-error write-up quoting PyTorch's inline_container.cc (filesystem.toml)

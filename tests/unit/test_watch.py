@@ -290,7 +290,7 @@ def test_a_fatal_xid_arriving_after_the_verdict_counts_against_its_node_once(tmp
 SLURM_ENV = ["SLURM_NODELIST=borgo[086,140]", "SLURM_NTASKS_PER_NODE=4", "SLURM_NNODES=2",
              "SLURM_NTASKS=8", "SLURM_TASKS_PER_NODE=4(x2)"]
 # dev:vllm6976-watchdog-illegal-memory-access
-RANK5_LINE = ("[rank5]:[E1012 11:34:10.718322889 ProcessGroupNCCL.cpp:1515] [PG 3 Rank 5] Process "
+RANK0_LINE = ("[rank0]:[E1012 11:34:10.718322889 ProcessGroupNCCL.cpp:1515] [PG 3 Rank 0] Process "
               "group watchdog thread terminated with exception: CUDA error: an illegal memory "
               "access was encountered")
 
@@ -311,7 +311,7 @@ def test_the_verdict_knows_the_layout_the_log_states(tmp_path, monkeypatch):
     sched.jobs = [job("RUNNING", str(out), nodes=nodes)]
     watcher.cycle()
     with open(out, "a") as fh:
-        fh.write(RANK5_LINE + "\n")
+        fh.write(RANK0_LINE + "\n")
     clock[0] += 2
     watcher.cycle()
     sched.jobs = [job("FAILED", str(out), exit_code=1, nodes=nodes)]
@@ -322,7 +322,7 @@ def test_the_verdict_knows_the_layout_the_log_states(tmp_path, monkeypatch):
     assert verdict["data"]["category"] == "cuda_error"
     context = seen[-1]
     assert context.nodes == nodes                 # Slurm's list, not the log's
-    assert context.rank_hosts[5] == "borgo140" and context.rank_hosts[0] == "borgo086"
+    assert context.rank_hosts[0] == "borgo086" and context.rank_hosts[7] == "borgo140"
 
 
 def test_layout_lines_keep_only_what_states_the_layout_and_are_bounded():
@@ -332,7 +332,7 @@ def test_layout_lines_keep_only_what_states_the_layout_and_are_bounded():
         kept.feed(line)
     assert kept.lines == [SLURM_ENV[0], SLURM_ENV[1], SLURM_ENV[4]]   # lists, tasks per node
     for _ in range(100):
-        kept.feed(RANK5_LINE)            # a chatty rank-prefixed job: at most cap // 8
+        kept.feed(RANK0_LINE)            # a chatty rank-prefixed job: at most cap // 8
     assert len(kept.lines) == 3 + 2
     for _ in range(100):
         kept.feed("SLURM_NODELIST=borgo[086,140]")
