@@ -24,6 +24,14 @@ def rules_of(scanner: Scanner, lines: list[str]) -> set[str]:
     return {d.rule for d in scanner.scan_lines(lines)}
 
 
+def assert_node_excluded(dets, category: str, pci: str) -> None:
+    """The verdict on these detections excludes the node, for ``category``,
+    and says which GPU (``pci``) it happened on."""
+    verdict = attribute(dets)
+    assert (verdict.category, verdict.action) == (category, "requeue_exclude")
+    assert pci in set(verdict.where)
+
+
 # find_string id 54384820923: a GPU whose BAR0 the driver could not map.
 RMINIT_STEPS = [
     "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  595.58.03",
@@ -39,10 +47,7 @@ def test_rminitadapter_steps_exclude_the_node_and_name_the_gpu(scanner):
     dets = scanner.scan_lines(RMINIT_STEPS)
     assert {d.rule for d in dets} >= {"kernel.gpu_init_failed", "kernel.no_gpus_found"}
     assert {d.rule for d in scanner.scan_lines(RMINIT_STEPS[1:3])} == {"kernel.gpu_init_failed"}
-    verdict = attribute(dets)
-    assert verdict.category == "system_software"
-    assert verdict.action == "requeue_exclude"
-    assert "0000:62:00" in set(verdict.where)
+    assert_node_excluded(dets, "system_software", "0000:62:00")
 
 
 # find_string id 71336769081
@@ -56,10 +61,7 @@ POWER_CABLES = [
 def test_missing_power_cables_are_the_gpus_hardware(scanner):
     dets = scanner.scan_lines(POWER_CABLES)
     assert "kernel.gpu_power_cables" in {d.rule for d in dets}
-    verdict = attribute(dets)
-    assert verdict.category == "gpu_hardware"
-    assert verdict.action == "requeue_exclude"
-    assert "0000:01:00" in set(verdict.where)
+    assert_node_excluded(dets, "gpu_hardware", "0000:01:00")
 
 
 # find_string id 17011055941 (two physical lines of one kernel message)
@@ -72,10 +74,7 @@ BAR_INVALID = [
 def test_invalid_bar_excludes_the_node(scanner):
     dets = scanner.scan_lines(BAR_INVALID)
     assert {d.rule for d in dets} == {"kernel.gpu_bar_invalid"}
-    verdict = attribute(dets)
-    assert verdict.category == "system_software"
-    assert verdict.action == "requeue_exclude"
-    assert "0000:56:00" in set(verdict.where)
+    assert_node_excluded(dets, "system_software", "0000:56:00")
 
 
 # find_string id 68289717761
@@ -91,10 +90,7 @@ UNSUPPORTED = [
 def test_gpu_the_open_module_cannot_drive_excludes_the_node(scanner):
     dets = scanner.scan_lines(UNSUPPORTED)
     assert {"kernel.gpu_unsupported_by_driver", "kernel.gpu_probe_failed"} <= {d.rule for d in dets}
-    verdict = attribute(dets)
-    assert verdict.category == "system_software"
-    assert verdict.action == "requeue_exclude"
-    assert "0000:00:04" in set(verdict.where)
+    assert_node_excluded(dets, "system_software", "0000:00:04")
 
 
 # find_string id 24264139719
