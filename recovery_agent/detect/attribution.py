@@ -229,14 +229,15 @@ class LayoutLines:
     rank-prefixed and Cray MPICH lines, torchrun's failure summary), kept as the
     log streams past so the agent's verdict knows the same rank -> host and
     address -> host maps as ``patterns score`` does offline. A cheap test on
-    each line; at most ``cap`` lines kept (``cap // 8`` of the rank-prefixed
-    ones, which a chatty job prints on every step)."""
+    each line; at most ``cap`` lines of at most ``LONGEST`` characters (under
+    1 MiB an attempt), ``cap // 8`` of them rank-prefixed or summary lines,
+    which a chatty job prints on every step."""
 
     MARKERS = ("NCCL INFO", "NodeList=", "NODELIST", "TASKS_PER_NODE", "launching ",
                "MPICH ERROR")
-    LONGEST = 2048
+    LONGEST = 480
 
-    def __init__(self, cap: int = 4096) -> None:
+    def __init__(self, cap: int = 2048) -> None:
         self.cap = cap
         self.lines: list[str] = []
         self._ranked = 0
@@ -244,10 +245,10 @@ class LayoutLines:
     def feed(self, text: str) -> None:
         if len(self.lines) >= self.cap:
             return
-        if any(marker in text for marker in self.MARKERS) \
-                or text.lstrip()[:4] in ("host", "rank"):
+        if any(marker in text for marker in self.MARKERS):
             self.lines.append(text[:self.LONGEST])
-        elif "[rank" in text and self._ranked < self.cap // 8:
+        elif self._ranked < self.cap // 8 and ("[rank" in text or (
+                text.lstrip()[:4] in ("host", "rank") and _SUMMARY.match(text))):
             self._ranked += 1
             self.lines.append(text[:self.LONGEST])
 
