@@ -186,7 +186,11 @@ def _kill_loop(devcluster, submit, tmp_path, cleanup, kills: int, seed: int) -> 
             agent.proc.kill()                   # SIGKILL, wherever it was
             agent.wait_dead(15)
             agent.start()
-        # let the last agent reconcile everything
+        # let the last agent reconcile everything: first it must have seen every job
+        # (one submitted while it was down reaches it on its first cycles, from squeue
+        # or the spooled prolog report), then finished every recommendation
+        wait_for(lambda: all(job_row(agent, j) for j in jobs), 60,
+                 "every job registered by the last agent")
         wait_for(lambda: not agent.query("select id from recommendations where status in "
                                          "('proposed', 'executing')"), 180,
                  "every recommendation reconciled")
