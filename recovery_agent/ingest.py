@@ -23,10 +23,10 @@ from slurm_hooks import spec as specs
 from .errors import RecoveryError
 from .jobcache import JobCache
 from .scheduler.base import FINISHED_STATES, Job
-
-ENDED = FINISHED_STATES | {"GONE"}   # stored rows of jobs that have ended
 from .store import Store
 from .store import reports as report_rows
+
+ENDED = FINISHED_STATES | {"GONE"}   # stored rows of jobs that have ended
 
 HOOKS = ("prolog", "epilog", "health")
 REPLAYERS = (*HOOKS, "hook", "replayer")   # who may have replayed a spooled report

@@ -112,8 +112,9 @@ def pytest_collection_modifyitems(config, items):
     mine, count = shard
     placed = shares([_RUN_ID.sub("", i.nodeid) for i in items
                      if i.get_closest_marker("resilience")], count)
-    keep = [i for i in items if placed.get(_RUN_ID.sub("", i.nodeid)) == mine]
-    drop = [i for i in items if i not in keep]
+    keep, drop = [], []
+    for item in items:
+        (keep if placed.get(_RUN_ID.sub("", item.nodeid)) == mine else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -192,6 +193,12 @@ def wait_clean(scheduler, timeout: float, interval: float = 1.0) -> str:
         time.sleep(interval)
 
 
+def _empty_row() -> dict:
+    """One scenario's row of the campaign, before any run is counted."""
+    return {"tests": set(), "items": 0, "runs": 0, "passed": 0, "checks": [], "ids": {},
+            "failed": []}
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
@@ -209,8 +216,7 @@ def pytest_runtest_makereport(item, call):
     scenario = marker.args[0]
     checks = marker.args[1] if len(marker.args) > 1 else ""
     runs = int(dict(report.user_properties).get("runs", _declared_runs(marker)))
-    row = _CAMPAIGN.setdefault(scenario, {"tests": set(), "items": 0, "runs": 0, "passed": 0,
-                                          "checks": [], "ids": {}, "failed": []})
+    row = _CAMPAIGN.setdefault(scenario, _empty_row())
     row["tests"].add(_RUN_ID.sub("", item.nodeid).replace("[]", ""))
     row["items"] += 1
     row["runs"] += runs
@@ -295,9 +301,7 @@ def merge_campaigns(parts: list[dict[str, dict]]) -> dict[str, dict]:
     merged: dict[str, dict] = {}
     for part in parts:
         for scenario, row in part.items():
-            into = merged.setdefault(scenario, {"tests": set(), "items": 0, "runs": 0,
-                                                "passed": 0, "checks": [], "ids": {},
-                                                "failed": []})
+            into = merged.setdefault(scenario, _empty_row())
             into["tests"] |= set(row["tests"])
             for key in ("items", "runs", "passed"):
                 into[key] += row[key]
