@@ -176,7 +176,9 @@ class EnvironmentConfig:
                                 default=True)
     interconnect_strikes: int = _doc("Drain a node once interconnect failures named it "
                                      "this many times across jobs within "
-                                     "policy.strike_window (0 never drains).", default=2)
+                                     "policy.strike_window (0 never drains). Failures "
+                                     "only the jobs' own output speaks for count once "
+                                     "per user.", default=2)
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,9 @@ class PolicyConfig:
                                       "nodes we keep drained, in percent.", default=10.0)
     lemon_threshold: float = _doc("A node whose decayed strike score reaches this is a "
                                   "lemon: excluded from every tracked job's retries and "
-                                  "drained (0 disables).", default=3.0)
+                                  "drained (0 disables). Of the strikes only the jobs' "
+                                  "own output speaks for, the score counts one per "
+                                  "user.", default=3.0)
     lemon_half_life: float = _doc("Half-life of a strike in the lemon score.",
                                   duration=True, default=7 * 86400.0)
     strike_window: float = _doc("Window in which interconnect strikes are counted.",

@@ -21,8 +21,8 @@ from .detect.attribution import PriorAttempt
 from .detect.model import Detection, Verdict
 from .errors import SchedulerError
 from .policy import (STRIKE_WEIGHTS, BudgetState, Decision, History, Limits, NodeFacts,
-                     confined, decide, drain_budget, effective_mode, lemon_score,
-                     our_drain)
+                     Strike, confined, decide, drain_budget, effective_mode, lemon_score,
+                     our_drain, voiced)
 from .scheduler.base import Job, Scheduler
 from .store import Store
 
@@ -65,10 +65,11 @@ class Decider:
     def scores(self, now: float) -> dict[str, float]:
         """Every struck node's decayed lemon score."""
         pol = self.cfg.policy
-        by_node: dict[str, list[tuple[float, float]]] = {}
+        by_node: dict[str, list[Strike]] = {}
         for s in self.store.strikes(since=now - 10 * pol.lemon_half_life):
-            by_node.setdefault(s["node"], []).append((s["ts"], s["weight"]))
-        return {n: lemon_score(strikes, now, pol.lemon_half_life)
+            by_node.setdefault(s["node"], []).append(_strike(s))
+        return {n: lemon_score([(s.ts, s.weight) for s in voiced(strikes)], now,
+                               pol.lemon_half_life)
                 for n, strikes in by_node.items()}
 
     def history(self, job_pk: int, attempt: int, spec: specs.RecoverySpec,
@@ -100,16 +101,24 @@ class Decider:
                        nodes=tuple(nodes), previous=_previous(attempts, earlier))
 
     def node_facts(self, blamed: tuple[str, ...], now: float,
-                   category: str | None = None) -> NodeFacts:
-        """Node facts for a decision; the failure being decided counts as a
-        strike on its blamed nodes (it is stored with the decision)."""
+                   category: str | None = None, user: str = "",
+                   witnessed: tuple[str, ...] = ()) -> NodeFacts:
+        """Node facts for a decision; the failure being decided (of ``user``'s
+        job, ``witnessed`` naming the nodes evidence the job did not write
+        speaks against) counts as a strike on its blamed nodes (it is stored
+        with the decision). Interconnect strikes are counted as
+        :func:`~.policy.voiced` hears them."""
         pol = self.cfg.policy
         lemons = tuple(sorted(n for n, score in self.scores(now).items()
                               if pol.lemon_threshold and score >= pol.lemon_threshold))
         window = now - pol.strike_window
-        this = 1 if category == "interconnect" else 0
-        ic = {n: this + sum(1 for s in self.store.strikes(n, since=window)
-                            if s["category"] == "interconnect") for n in blamed}
+        ic = {}
+        for n in blamed:
+            strikes = [_strike(s) for s in self.store.strikes(n, since=window)
+                       if s["category"] == "interconnect"]
+            if category == "interconnect":
+                strikes.append(Strike(now, STRIKE_WEIGHTS["interconnect"], user, n in witnessed))
+            ic[n] = len(voiced(strikes))
         rows = list(self.store.db["nodes"].rows_where(
             "drained_by_us = 1 or excluded_by_operator = 1"))
         return NodeFacts(lemons=lemons,
@@ -155,7 +164,8 @@ class Decider:
                 return None
             row = self.store.job(job_pk)
             history = self.history(job_pk, attempt, spec, job, nodes)
-            facts = self.node_facts(tuple(verdict.nodes), now, verdict.category)
+            facts = self.node_facts(tuple(verdict.nodes), now, verdict.category,
+                                    row["user"] or "", witnessed)
             decision = decide(verdict, trigger=trigger, state=state, history=history,
                               limits=self.limits(spec), facts=facts, witnessed=witnessed)
             mode = self.mode(spec)
@@ -163,7 +173,7 @@ class Decider:
                 if verdict_event:
                     self.store.add_event(job_pk, **verdict_event)
                 recs = self._store(row, attempt, decision, mode, verdict, trigger, job,
-                                   detections, seen_at or [], started, now)
+                                   detections, seen_at or [], started, now, witnessed)
         if recs and mode != "monitor":
             for wake in self.on_new_work:
                 wake()
@@ -176,13 +186,15 @@ class Decider:
     def _store(self, row: dict, attempt: int, decision: Decision, mode: str,
                verdict: Verdict, trigger: str, job: Job | None,
                detections: list[Detection], seen_at: list[float | None],
-               started: float | None, now: float) -> list[int]:
+               started: float | None, now: float,
+               witnessed: tuple[str, ...] = ()) -> list[int]:
         job_pk = row["id"]
         user = row["user"] or ""
         for node in decision.blamed:
             kind = "straggler" if trigger == "straggler" else (verdict.category or "")
             weight = STRIKE_WEIGHTS.get(kind, 0.5)
-            self.store.add_strike(node, kind or "unknown", weight, job_pk, user, ts=now)
+            self.store.add_strike(node, kind or "unknown", weight, job_pk, user, ts=now,
+                                  witnessed=node in witnessed)
         if decision.rule == "hang":
             for node in (job.nodes if job else ()):
                 self.store.add_strike(node, "hang_suspect", STRIKE_WEIGHTS["hang_suspect"],
@@ -313,6 +325,10 @@ class Decider:
             return now
         low = started if started else float("-inf")
         return max(low, min(min(times), now))
+
+
+def _strike(row: dict) -> Strike:
+    return Strike(row["ts"], row["weight"], row["user"] or "", bool(row.get("witnessed")))
 
 
 def _unexplained(rec: dict) -> bool:

@@ -31,6 +31,13 @@ verdict was) and are read with :func:`~.detect.attribution.across_attempts`
 before the table. Every requeue also excludes what earlier attempts excluded,
 the lemon nodes and the nodes an operator excluded, as long as enough nodes
 remain to run the job.
+
+What a job wrote about a node reaches no further than that job's user: a
+failure resting on the job's own output alone is an *unwitnessed* strike, and
+of those the interconnect strike count and the lemon score hear one per user
+(:func:`voiced`). One user's output can keep a node out of their own retries;
+it takes another user's failure, or evidence the job did not write (a node
+report, Slurm's node state), to drain it for everyone.
 """
 from __future__ import annotations
 
@@ -280,6 +287,33 @@ def our_drain(row: dict | None, node) -> bool:
 
 
 # -- node scores and budgets ----------------------------------------------------
+
+@dataclass(frozen=True)
+class Strike:
+    """One failure blamed on a node, as the store keeps it."""
+
+    ts: float
+    weight: float
+    user: str = ""
+    witnessed: bool = False      # evidence the job did not write speaks against the node
+
+
+def voiced(strikes: Iterable[Strike]) -> list[Strike]:
+    """The strikes that count beyond their own jobs: every witnessed one, and
+    of the unwitnessed ones (only the job's own output, which its user
+    controls, spoke against the node) one per user, the heaviest, the newest
+    of equals. Several jobs of one user saying the same thing are one voice."""
+    out: list[Strike] = []
+    loudest: dict[str, Strike] = {}
+    for strike in strikes:
+        if strike.witnessed:
+            out.append(strike)
+            continue
+        held = loudest.get(strike.user)
+        if held is None or (strike.weight, strike.ts) > (held.weight, held.ts):
+            loudest[strike.user] = strike
+    return sorted([*out, *loudest.values()], key=lambda s: s.ts)
+
 
 def lemon_score(strikes: Iterable[tuple[float, float]], now: float, half_life: float) -> float:
     """Sum of strike weights, each halved every ``half_life`` seconds since it

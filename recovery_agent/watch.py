@@ -22,12 +22,13 @@ from slurm_hooks import kmsg
 from slurm_hooks import spec as specs
 
 from .config import Config
-from .detect.attribution import AttributionContext, LayoutLines, all_detections, attribute
+from .detect.attribution import (AttributionContext, LayoutLines, all_detections, attribute,
+                                 node_addresses)
 from .detect.checkpoint import CheckpointWatcher, newest_checkpoint
 from .detect.model import Detection, Evidence, Verdict
 from .detect.progress import HangDetector, StragglerDetector
 from .detect.scanner import Scanner
-from .errors import RecoveryError, StoreError
+from .errors import RecoveryError, SchedulerError, StoreError
 from .logs.tail import LogLine, Tailer, lines_from_report
 from .logs.userfs import Rights
 from .policy import STRIKE_WEIGHTS, confined
@@ -49,6 +50,7 @@ STORE_ERRORS = (StoreError, sqlite3.Error)
 GONE_AFTER = 600.0  # a stored job slurmctld no longer lists is let go after this
 EPILOG_GRACE = 15.0  # how long a verdict waits for the nodes' epilog reports
 XID_SLACK = 120.0    # node clocks may lag the controller's by this much
+NODE_MAP_TTL = 300.0  # how long a listing of the nodes' addresses is reused
 # ended so that more node evidence cannot change what is done (NODE_FAIL: Slurm
 # blames the nodes; the others: policy acts on none of them)
 NO_WAIT_STATES = frozenset({"NODE_FAIL", "COMPLETED", "CANCELLED", "PREEMPTED"})
@@ -117,6 +119,7 @@ class Watcher:
         self._known: set[tuple[str, int]] = set()   # (job id, submit time) registered
         self._seen_flushed = 0.0
         self._path_users: dict[str, int] = {}       # followed path -> watches using it
+        self._node_map: tuple[float, dict[str, str]] = (float("-inf"), {})
 
     # -- one cycle -----------------------------------------------------------
     def cycle(self) -> int:
@@ -470,7 +473,7 @@ class Watcher:
             counted = f"the verdict blamed {node} already"
         elif self.decider is not None:
             self.store.add_strike(node, "gpu_hardware", STRIKE_WEIGHTS["gpu_hardware"],
-                                  job_pk, job.get("user") or "")
+                                  job_pk, job.get("user") or "", witnessed=True)
             counted = f"counted against {node} (a gpu_hardware strike)"
         else:
             counted = "recorded"
@@ -513,7 +516,7 @@ class Watcher:
         node_fail = tuple(watch.nodes) if job is not None and job.state == "NODE_FAIL" else ()
         context = watch.layout.context(nodes=tuple(watch.nodes),
                                        node_events=tuple(self._node_events(watch, now)),
-                                       node_fail=node_fail)
+                                       node_fail=node_fail, addresses=self._addresses(now))
         verdict = attribute(watch.found, context)
         consulted = None
         if self.provider is not None:
@@ -565,6 +568,26 @@ class Watcher:
             if event:
                 with self.store.lock:
                     self.store.add_event(watch.job_pk, **event)
+
+    def _addresses(self, now: float) -> dict[str, str]:
+        """Address -> node from Slurm's node records (``NodeAddr``,
+        ``NodeHostname``), so that an NCCL peer's IP address or a node's FQDN
+        in a log names the node. Listed when a verdict needs it, at most every
+        ``NODE_MAP_TTL`` seconds; while the listing fails the last map stays
+        (addresses seldom change, and a name outside the job's nodes counts
+        for nothing whatever it maps to)."""
+        listed_at, known = self._node_map
+        if now - listed_at < NODE_MAP_TTL:
+            return known
+        try:
+            nodes = self.scheduler.list_nodes()
+        except SchedulerError as exc:
+            log.warning("cannot list nodes for their addresses: %s", exc)
+            self._node_map = (now, known)
+            return known
+        known = node_addresses((n.name, n.address, n.hostname) for n in nodes)
+        self._node_map = (now, known)
+        return known
 
     def _node_events(self, watch: AttemptWatch, now: float) -> list[Detection]:
         """Fatal XIDs the node hooks reported for this attempt."""
@@ -760,7 +783,8 @@ class Watcher:
         """Decide on a running attempt that hangs or straggles."""
         if hang:
             context = watch.layout.context(nodes=tuple(watch.nodes),
-                                           node_events=tuple(self._node_events(watch, now)))
+                                           node_events=tuple(self._node_events(watch, now)),
+                                           addresses=self._addresses(now))
             self._decide(watch, job, attribute(watch.found, context), "hang",
                          all_detections(watch.found, context))
         elif slow:

@@ -37,7 +37,8 @@ from .patterns import xid_action
 from .scanner import line_origin
 
 __all__ = ["AttributionContext", "Layout", "LayoutLines", "PriorAttempt", "across_attempts", "all_detections",
-           "attribute", "context_from_lines", "parse_layout", "read_node_addresses",
+           "attribute", "context_from_lines", "node_addresses", "parse_layout",
+           "read_node_addresses",
            "with_host"]
 
 _STRENGTH = {"none": 0, "stop": 1, "requeue": 2, "kill_requeue": 3, "requeue_exclude": 4}
@@ -277,8 +278,9 @@ def read_node_addresses(text: str) -> dict[str, str]:
     """Address -> node from a nodes file: one node a line, ``name address...``
     (IP addresses, hostnames, FQDNs; commas also separate), or Slurm's own
     ``NodeName=n ... NodeAddr=a NodeHostName=h`` (``scontrol show node``,
-    multi-line or ``-o``, or slurm.conf lines); ``#`` starts a comment."""
-    out: dict[str, str] = {}
+    multi-line or ``-o``, or slurm.conf lines); ``#`` starts a comment. The
+    aliases are read as :func:`node_addresses` reads them."""
+    records: dict[str, list[str]] = {}
     current = None
     for raw in text.splitlines():
         words = raw.split("#", 1)[0].replace(",", " ").split()
@@ -292,10 +294,33 @@ def read_node_addresses(text: str) -> dict[str, str]:
         else:
             current, aliases = words[0], words[1:]
         if current:
-            for alias in [current, *aliases]:
-                out.setdefault(alias, current)
-                if not _IPV4.fullmatch(alias):      # a hostname: its short form too
-                    out.setdefault(alias.split(".")[0], current)
+            records.setdefault(current, []).extend(aliases)
+    return node_addresses((name, *aliases) for name, aliases in records.items())
+
+
+def node_addresses(records: Iterable[Sequence[str]]) -> dict[str, str]:
+    """Address -> node from node records, each ``(name, alias...)`` (Slurm's
+    ``NodeAddr`` and ``NodeHostname``: IP addresses, hostnames, FQDNs; a
+    hostname's short form is an alias too). A node's name is its own. An
+    alias two nodes share (every node of a one-machine test cluster at
+    127.0.0.1, a front-end name) names neither: text that says it says
+    nothing about which node it meant."""
+    owners: dict[str, set[str]] = {}
+    names = set()
+    for name, *aliases in records:
+        names.add(name)
+        for alias in [name, *aliases]:
+            if not alias:
+                continue
+            owners.setdefault(alias, set()).add(name)
+            if not _IPV4.fullmatch(alias) and "." in alias:
+                owners.setdefault(alias.split(".")[0], set()).add(name)
+    out = {}
+    for alias, nodes in owners.items():
+        if alias in names:
+            out[alias] = alias
+        elif len(nodes) == 1:
+            out[alias] = next(iter(nodes))
     return out
 
 

@@ -91,6 +91,8 @@ class Node:
     reason_time: int | None = None
     partitions: tuple[str, ...] = ()
     gres: str = ""
+    address: str = ""      # Slurm's NodeAddr (an IP address or a name)
+    hostname: str = ""     # Slurm's NodeHostname
 
     @property
     def drained(self) -> bool:

@@ -391,7 +391,8 @@ def node_from_json(raw: Mapping[str, Any]) -> Node:
     return Node(name=raw.get("name") or "", state=state, flags=flags,
                 reason=raw.get("reason") or "", reason_user=raw.get("reason_set_by_user") or "",
                 reason_time=timestamp(raw.get("reason_changed_at")),
-                partitions=tuple(raw.get("partitions") or ()), gres=raw.get("gres") or "")
+                partitions=tuple(raw.get("partitions") or ()), gres=raw.get("gres") or "",
+                address=raw.get("address") or "", hostname=raw.get("hostname") or "")
 
 
 def nodes_from_sinfo_groups(groups: Iterable[Mapping[str, Any]]) -> list[Node]:
@@ -409,7 +410,12 @@ def nodes_from_sinfo_groups(groups: Iterable[Mapping[str, Any]]) -> list[Node]:
         user = reason.get("user") or group.get("reason_set_by_user") or ""
         partition = (group.get("partition") or {}).get("name") or ""
         gres = (group.get("gres") or {}).get("total") or ""
-        for name in (group.get("nodes") or {}).get("nodes") or []:
+        members = group.get("nodes") or {}
+        names = members.get("nodes") or []
+        # the addresses and hostnames lists pair with the names when sinfo fills them
+        addresses = members.get("addresses") or []
+        hostnames = members.get("hostnames") or []
+        for i, name in enumerate(names):
             previous = found.get(name)
             parts = previous.partitions if previous else ()
             if partition and partition not in parts:
@@ -417,7 +423,9 @@ def nodes_from_sinfo_groups(groups: Iterable[Mapping[str, Any]]) -> list[Node]:
             found[name] = Node(name=name, state=state, flags=flags,
                                reason=reason.get("description") or "", reason_user=user,
                                reason_time=timestamp(reason.get("time")), partitions=parts,
-                               gres=gres)
+                               gres=gres,
+                               address=addresses[i] if len(addresses) == len(names) else "",
+                               hostname=hostnames[i] if len(hostnames) == len(names) else "")
     return list(found.values())
 
 

@@ -146,7 +146,8 @@ def node_from_pyslurm(obj: Any) -> Node:
         reason_user=_text(obj, "reason_user"),
         reason_time=_time(getattr(obj, "reason_time", None)),
         partitions=tuple(getattr(obj, "partitions", None) or ()),
-        gres=_gres_text(getattr(obj, "configured_gres", None)))
+        gres=_gres_text(getattr(obj, "configured_gres", None)),
+        address=_text(obj, "address"), hostname=_text(obj, "hostname"))
 
 
 # --------------------------------------------------------------------------- helpers, errors

@@ -355,10 +355,13 @@ class Store:
 
     # -- nodes: strikes, our drains --------------------------------------
     def add_strike(self, node: str, category: str, weight: float, job_pk: int | None = None,
-                   user: str = "", rec: int | None = None, ts: float | None = None) -> None:
+                   user: str = "", rec: int | None = None, ts: float | None = None,
+                   witnessed: bool = False) -> None:
+        """One failure blamed on ``node``; ``witnessed`` when evidence the job
+        did not write itself speaks against the node."""
         self.db["strikes"].insert({"node": node, "ts": ts or time.time(), "job": job_pk,
                                    "user": user, "category": category, "weight": weight,
-                                   "rec": rec})
+                                   "rec": rec, "witnessed": int(witnessed)})
 
     def strikes(self, node: str | None = None, since: float = 0.0) -> list[dict]:
         if node is None:

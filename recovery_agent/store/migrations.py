@@ -160,6 +160,14 @@ def m007_drain_records(db: Database) -> None:
     table.add_column("drain_slurm_time", int)
 
 
+def m008_strike_witness(db: Database) -> None:
+    """Whether a strike rests on evidence the job did not write itself (a node
+    report, Slurm's own node state, a line from a system log), which decides
+    how far beyond the job it may reach (``policy.voiced``). Strikes made
+    before this are read as unwitnessed."""
+    db["strikes"].add_column("witnessed", int, not_null_default=0)
+
+
 MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("001_initial", m001_initial),
     ("002_node_reports", m002_node_reports),
@@ -168,6 +176,7 @@ MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("005_decide_and_act", m005_decide_and_act),
     ("006_late_reports", m006_late_reports),
     ("007_drain_records", m007_drain_records),
+    ("008_strike_witness", m008_strike_witness),
 ]
 
 

@@ -288,11 +288,7 @@ def flood_reader(opts: dict) -> dict:
     from recovery_agent.store import Store
     from recovery_agent.watch import Watcher
 
-    class Listing:
-        jobs: list = []
-
-        def list_jobs(self, job_ids=None):
-            return list(self.jobs)
+    from tests.unit.scripted import Script as Listing
 
     tmp = Path(tempfile.mkdtemp(prefix="recovery-bench-flood-"))
     try:

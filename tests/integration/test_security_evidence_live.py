@@ -60,3 +60,66 @@ def test_forged_kernel_line_moves_no_node(agent_here, submit, devcluster, unix_u
     assert agent_here.query("select node from strikes") == []
     assert not sched.get_node(named).drained
     assert not sched.get_node("node1").drained
+
+
+# NCCL's own lines, the format of real logs (the NET/IB line is the example of
+# nccl.ib_completion_from_peer in etc/patterns/nccl.toml; the bootstrap line
+# is NVIDIA/nccl#1232's), with the job's choice of hosts and addresses: a job
+# may state any layout it likes.
+BOOTSTRAP = "{host}:13571:13571 [0] NCCL INFO Bootstrap : Using enp10s0:{addr}<0>"
+PEER = ("{node}:3468:3905 [4] ib_plugin.c:1615 NCCL WARN NET/IB : Got completion "
+        "from peer {addr}<54862> with status=12 opcode=0 len=0 vendor err 129 (Recv)")
+
+
+def forged_peer(submit, mallory, node: str, host: str, addr: str) -> str:
+    """A job on ``node`` whose log says address ``addr`` is ``host`` and that
+    its IB peer at that address failed; its retry (restart count 1) succeeds."""
+    lines = [BOOTSTRAP.format(host=host, addr=addr), PEER.format(node=node, addr=addr)]
+    echo = "; ".join(f"echo '{line}'" for line in lines)
+    script = (f'[ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ] && exit 0; echo "step 1 loss 2.0"; '
+              f'{echo}; sleep 2; exit 1')
+    return submit("-N1", f"--nodelist={node}", "--recovery=act", "-o", "peer-%j.out",
+                  script=script, as_user=mallory)
+
+
+def test_a_layout_the_job_states_names_no_node_outside_it(agent_here, submit, devcluster,
+                                                          unix_users):
+    """The log maps the failed peer's address to node4; the job ran on node1.
+    The agent reads the layout (the line is stored, the verdict weighs it) and
+    blames nothing outside the job: node4 is not excluded, struck or drained."""
+    mallory = unix_users("mallory")
+    job_id = forged_peer(submit, mallory, "node1", "node4", "10.77.0.4")
+    row, recs, verdicts = wait_for(lambda: decided(agent_here, job_id), 90,
+                                   f"a verdict on job {job_id}")
+    seen = agent_here.query("select pattern_id from detections where job = ?", row[0])
+    assert ("nccl.ib_completion_from_peer",) in seen
+    verdict = json.loads(verdicts[0][0])
+    assert "node4" not in verdict["nodes"]
+    for _action, _status, exclude, targets, scope in recs:
+        assert "node4" not in json.loads(exclude or "[]") + json.loads(targets or "[]")
+    assert agent_here.query("select node from strikes where node = 'node4'") == []
+    assert not devcluster.scheduler().get_node("node4").drained
+
+
+def test_one_users_output_blaming_their_own_node_keeps_it_from_their_retries_only(
+        agent_here, submit, devcluster, unix_users):
+    """Two of one user's jobs on node2 each say their IB peer at node2's
+    (stated) address failed. Each retry excludes node2, both strikes are on the
+    record, and node2 is not drained: interconnect_strikes=2 counts one voice
+    per user when only the jobs' own output speaks (the old agent drained it)."""
+    mallory = unix_users("mallory")
+    sched = devcluster.scheduler()
+    for n in (1, 2):
+        job_id = forged_peer(submit, mallory, "node2", "node2", "10.77.0.2")
+        row, recs, verdicts = wait_for(lambda: decided(agent_here, job_id), 90,
+                                       f"a verdict on job {job_id} ({n} of 2)")
+        verdict = json.loads(verdicts[0][0])
+        assert (verdict["category"], verdict["nodes"]) == ("interconnect", ["node2"])
+        excluded = [json.loads(exclude or "[]") for _a, _s, exclude, _t, scope in recs
+                    if scope != "node"]
+        assert excluded and all(x == ["node2"] for x in excluded), recs
+        assert all(scope != "node" for *_, scope in recs), f"a node action: {recs}"
+    strikes = agent_here.query("select user, category, witnessed from strikes "
+                               "where node = 'node2'")
+    assert strikes == [(mallory.name, "interconnect", 0)] * 2
+    assert not sched.get_node("node2").drained

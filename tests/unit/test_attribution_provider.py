@@ -158,11 +158,7 @@ def test_the_watcher_records_whose_verdict_acted(tmp_path, monkeypatch):
     out = tmp_path / "job.out"
     out.write_text("step 1\n")
 
-    class Listing:
-        jobs: list = []
-
-        def list_jobs(self, job_ids=None):
-            return list(self.jobs)
+    from tests.unit.scripted import Script as Listing
     listing = Listing()
     job = dict(job_id="5", numeric_id=5, submit_time=10, start_time=11, comment="recovery=prod",
                stdout=str(out), nodes=NODES, user="alice", user_id=0, group_id=0, name="t")

@@ -106,6 +106,15 @@ def test_scontrol_json_nodes_agree_with_sinfo(version):
             via_scontrol[name].state, via_scontrol[name].flags, via_scontrol[name].reason)
 
 
+@pytest.mark.parametrize("version,name", [("22.05", "sinfo.json"),
+                                          ("24.11", "scontrol_show_node.json"),
+                                          ("26.05", "scontrol_show_node.json")])
+def test_nodes_carry_their_slurm_address_and_hostname(version, name):
+    # the dev cluster's nodes, recorded: every one at NodeAddr 127.0.0.1
+    nodes = {n.name: n for n in parse_nodes(slurm_fixture(version, name))}
+    assert (nodes["node1"].address, nodes["node1"].hostname) == ("127.0.0.1", "localhost")
+
+
 def test_signalled_exit_in_object_form():
     jobs = jobs_by_id("24.11")
     cancelled = jobs["1"]  # an earlier run of train-run, cancelled by SIGTERM

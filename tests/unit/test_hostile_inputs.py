@@ -18,6 +18,7 @@ from recovery_agent.store import Store
 from recovery_agent.watch import Watcher
 from slurm_hooks import spec as specs
 from tests.conftest import slurm_fixture
+from tests.unit.scripted import Script as Listing
 
 EVIL = ["recovery=prod;rm -rf /", "recovery=prod:action,ckpt=/x$(reboot)",
         "recovery=prod`id`", "recovery=prod:action,notify=http://x/`id`",
@@ -33,14 +34,6 @@ def test_comment_spec_injection_is_refused_and_only_monitored(tmp_path, comment)
     if raw is not None:
         with pytest.raises(specs.SpecError):
             specs.parse(raw)
-
-
-class Listing:
-    def __init__(self, jobs) -> None:
-        self.jobs = jobs
-
-    def list_jobs(self, job_ids=None):
-        return list(self.jobs)
 
 
 @pytest.mark.resilience("hostile input: shell metacharacters and unicode in names, comments and paths",

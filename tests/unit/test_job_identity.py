@@ -14,14 +14,7 @@ from recovery_agent.logs.tail import MemoryCursorStore, Tailer
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Store, same_job
 from recovery_agent.watch import Watcher
-
-
-class Script:
-    def __init__(self) -> None:
-        self.jobs: list[Job] = []
-
-    def list_jobs(self, job_ids=None):
-        return list(self.jobs)
+from tests.unit.scripted import Script
 
 
 def listed(state, out, submit, comment="", **kw) -> Job:

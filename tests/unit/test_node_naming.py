@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from recovery_agent.ctl import main
 from recovery_agent.detect.attribution import (AttributionContext, all_detections, attribute,
-                                               context_from_lines, parse_layout,
-                                               read_node_addresses, with_host)
+                                               context_from_lines, node_addresses,
+                                               parse_layout, read_node_addresses, with_host)
 from recovery_agent.detect.model import Detection, Evidence
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner, line_origin
@@ -378,6 +378,20 @@ def test_nodes_file_reads_name_address_lines_and_scontrol_records():
         "worker-1": "worker-1", "10.5.170.103": "worker-1",
         "kp-ddp-worker-1": "kp-ddp-worker-1", "10.216.210.236": "kp-ddp-worker-1",
         "kp-ddp-worker-1.cluster.local": "kp-ddp-worker-1"}
+
+
+def test_an_address_two_nodes_share_names_neither():
+    # Slurm's own records: NodeAddr, NodeHostname
+    found = node_addresses([("gpu01", "10.1.0.1", "gpu01.ib.example.org"),
+                            ("gpu02", "10.1.0.2", "gpu02.ib.example.org"),
+                            ("dev1", "127.0.0.1", "localhost"), ("dev2", "127.0.0.1", "localhost")])
+    assert found["10.1.0.1"] == "gpu01" and found["gpu02.ib.example.org"] == "gpu02"
+    assert found["gpu01"] == "gpu01" and found["dev2"] == "dev2"
+    assert "127.0.0.1" not in found and "localhost" not in found
+    # a file that gives one address twice says the same
+    text = "dev1 127.0.0.1\ndev2 127.0.0.1\ngpu03 10.1.0.3"
+    assert read_node_addresses(text) == {"dev1": "dev1", "dev2": "dev2", "gpu03": "gpu03",
+                                         "10.1.0.3": "gpu03"}
 
 
 def test_a_peer_address_in_the_job_is_excluded_by_name():

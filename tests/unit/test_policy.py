@@ -13,8 +13,8 @@ from recovery_agent.config import from_mapping
 from recovery_agent.decide import Decider
 from recovery_agent.detect.model import Detection, Evidence, Verdict
 from recovery_agent.errors import SchedulerError
-from recovery_agent.policy import (BudgetState, Decision, History, Limits, NodeFacts, decide,
-                                   drain_budget, effective_mode, lemon_score)
+from recovery_agent.policy import (BudgetState, Decision, History, Limits, NodeFacts, Strike,
+                                   decide, drain_budget, effective_mode, lemon_score, voiced)
 from recovery_agent.scheduler.base import Job, Node
 from recovery_agent.store import Store
 from slurm_hooks import spec as specs
@@ -686,9 +686,9 @@ def test_interconnect_strikes_in_the_window_drain(tmp_path):
     job = slurm_job(nodes=("n4", "n5"))
     pk = register(r, job)
     assert run(r, pk, job, ic).decision.drain == ()   # the first in the window
-    job = slurm_job(job_id="78", nodes=("n4", "n5"))
+    job = slurm_job(job_id="78", nodes=("n4", "n5"), user="bob")
     pk = register(r, job)
-    out = run(r, pk, job, ic)   # the second in the window
+    out = run(r, pk, job, ic)   # the second in the window, another user's
     assert out.decision.drain == ("n4",)
     assert r.store.rec(out.recs[1])["rule"] == "interconnect"
 
@@ -700,18 +700,61 @@ def test_the_kth_interconnect_failure_on_a_node_drains_it(tmp_path):
     ic = Verdict("node", "interconnect", "requeue_exclude", 0.8, nodes=("n4",))
     drains = []
     for i in range(3):
-        job = slurm_job(job_id=str(80 + i), nodes=("n4", "n5"))
+        job = slurm_job(job_id=str(80 + i), nodes=("n4", "n5"), user=f"u{i}")
         drains.append(run(r, register(r, job), job, ic).decision.drain)
     assert len(r.store.strikes("n4")) == 3
     assert drains == [(), (), ("n4",)]
     # a failure of another category does not count as an interconnect strike
     hw = Verdict("node", "system_software", "requeue_exclude", 0.8, nodes=("n6",))
-    r.store.add_strike("n6", "interconnect", 1.0, ts=r.now - 60)
-    r.store.add_strike("n6", "interconnect", 1.0, ts=r.now - 50)
+    r.store.add_strike("n6", "interconnect", 1.0, user="a", ts=r.now - 60)
+    r.store.add_strike("n6", "interconnect", 1.0, user="b", ts=r.now - 50)
     assert r.decider.node_facts(("n6",), r.now, "system_software") \
         .interconnect_strikes == {"n6": 2}
     job = slurm_job(job_id="90", nodes=("n6", "n5"))
     assert run(r, register(r, job), job, hw).decision.drain == ()
+
+
+def test_one_users_own_output_drains_no_node_however_often_it_says_so(tmp_path):
+    """Interconnect failures resting on the job's output alone: five jobs of
+    one user naming n4 exclude it from that user's retries every time, but
+    count as one strike for draining and as one in the lemon score."""
+    r = rig(tmp_path, lemon_threshold=3, max_drains_per_hour=50, max_drained_percent=100)
+    ic = Verdict("node", "interconnect", "requeue_exclude", 0.8, nodes=("n4",))
+    for i in range(5):
+        job = slurm_job(job_id=str(300 + i), nodes=("n4", "n5"), user="mallory")
+        out = run(r, register(r, job), job, ic)
+        assert out.decision.exclude == ("n4",) and out.decision.drain == ()
+    assert len(r.store.strikes("n4")) == 5                       # all on the record
+    assert r.decider.scores(r.now)["n4"] == pytest.approx(1.0)   # one voice
+    assert r.decider.node_facts(("n4",), r.now).lemons == ()
+    # another user's job saying the same thing is a second voice: the drain
+    job = slurm_job(job_id="310", nodes=("n4", "n5"), user="alice")
+    assert run(r, register(r, job), job, ic).decision.drain == ("n4",)
+
+
+def test_a_witnessed_strike_counts_each_time(tmp_path):
+    """Evidence the job did not write (here an IB link-down line from the
+    node's kernel log) is not the user's voice: two such failures of one
+    user's jobs drain the node."""
+    r = rig(tmp_path, max_drains_per_hour=50, max_drained_percent=100)
+    ic = Verdict("node", "interconnect", "requeue_exclude", 0.8, nodes=("n4",), rests_on=(0,))
+    link = Detection(rule="ib.link_down", category="interconnect", host="n4", origin="system",
+                     severity="critical", evidence=(Evidence("mlx5_core: link down"),))
+    drains = []
+    for i in range(2):
+        job = slurm_job(job_id=str(320 + i), nodes=("n4", "n5"), user="carol")
+        drains.append(run(r, register(r, job), job, ic, detections=[link]).decision.drain)
+    assert drains == [(), ("n4",)]
+    assert [s["witnessed"] for s in r.store.strikes("n4")] == [1, 1]
+
+
+def test_voiced_keeps_every_witnessed_strike_and_one_per_user():
+    strikes = [Strike(1.0, 0.5, "a"), Strike(2.0, 1.0, "a"), Strike(3.0, 1.0, "a"),
+               Strike(4.0, 0.25, "b"), Strike(5.0, 1.0, "a", witnessed=True),
+               Strike(6.0, 1.0, "a", witnessed=True)]
+    assert voiced(strikes) == [Strike(3.0, 1.0, "a"), Strike(4.0, 0.25, "b"),
+                               Strike(5.0, 1.0, "a", True), Strike(6.0, 1.0, "a", True)]
+    assert voiced([]) == []
 
 
 def test_old_monitor_mode_drains_do_not_fill_the_partition_share(tmp_path):

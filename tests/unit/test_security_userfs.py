@@ -27,6 +27,7 @@ from recovery_agent.logs import userfs
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Store
 from recovery_agent.watch import Watcher
+from tests.unit.scripted import Script
 
 pytestmark = pytest.mark.security
 
@@ -237,14 +238,6 @@ def test_only_the_users_own_checkpoints_count(arena):
 
 
 # -- the watch loop ------------------------------------------------------------
-
-class Script:
-    def __init__(self) -> None:
-        self.jobs: list[Job] = []
-
-    def list_jobs(self, job_ids=None):
-        return list(self.jobs)
-
 
 def test_the_watcher_reads_with_the_jobs_rights_and_says_so_once(arena, tmp_path):
     mallory = arena["mallory"]

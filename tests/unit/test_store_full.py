@@ -18,14 +18,7 @@ from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Store
 from recovery_agent.watch import Watcher
 from tests.conftest import small_tmpfs
-
-
-class Listing:
-    def __init__(self) -> None:
-        self.jobs: list[Job] = []
-
-    def list_jobs(self, job_ids=None):
-        return list(self.jobs)
+from tests.unit.scripted import Script as Listing
 
 
 def fill(path) -> None:

@@ -26,19 +26,12 @@ from recovery_agent.logs.tail import MemoryCursorStore, Tailer
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Store
 from recovery_agent.watch import Watcher
+from tests.unit.scripted import Script as Listing
 
 pytestmark = pytest.mark.resilience(
     "store file system read-only", "the watch loop keeps running; /healthz 503 and metrics "
     "say so; verdicts wait in memory up to a bound; no recommendation unstored; all "
     "stored once writable")
-
-
-class Listing:
-    def __init__(self) -> None:
-        self.jobs: list[Job] = []
-
-    def list_jobs(self, job_ids=None):
-        return list(self.jobs)
 
 
 def job(n: int, out, state: str = "RUNNING") -> Job:

@@ -9,14 +9,7 @@ from recovery_agent.logs.tail import MemoryCursorStore, Tailer
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Store
 from recovery_agent.watch import Watcher
-
-
-class Script:
-    def __init__(self) -> None:
-        self.jobs: list[Job] = []
-
-    def list_jobs(self, job_ids=None):
-        return list(self.jobs)
+from tests.unit.scripted import Script
 
 
 def job(state: str, out: str, restarts: int = 0, **kw) -> Job:
@@ -338,3 +331,54 @@ def test_layout_lines_keep_only_what_states_the_layout_and_are_bounded():
         kept.feed("SLURM_NODELIST=borgo[086,140]")
     assert len(kept.lines) == 16
     assert kept.context(nodes=("a",)).nodes == ("a",)
+
+
+# NVIDIA/nccl#1182-style IB completion error naming its peer by IP address (the
+# rule's own example in etc/patterns/nccl.toml)
+PEER_LINE = ("node-2:5776:5902 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion "
+             "from peer 10.2.0.5<33092> with error 12, opcode 0, len")
+
+
+def peer_failure(tmp_path, nodes):
+    out = tmp_path / "peer-77.out"
+    out.write_text("step 1 loss 2.0\n")
+    clock = [2000.0]
+    watcher, store, sched = make(tmp_path, clock)
+    sched.nodes = nodes
+    names = tuple(n.name for n in nodes[:2])
+    sched.jobs = [job("RUNNING", str(out), nodes=names)]
+    watcher.cycle()
+    with open(out, "a") as fh:
+        fh.write(PEER_LINE + "\n")
+    clock[0] += 2
+    watcher.cycle()
+    sched.jobs = [job("FAILED", str(out), exit_code=1, nodes=names)]
+    watcher.cycle()
+    clock[0] += 20
+    watcher.cycle()
+    (verdict,) = events(store, "verdict")
+    return verdict["data"], sched
+
+
+def test_an_nccl_peer_address_names_the_node_slurm_gives_that_address(tmp_path):
+    from recovery_agent.scheduler.base import Node
+    nodes = [Node("node-1", "ALLOCATED", address="10.2.0.5", hostname="node-1.cluster"),
+             Node("node-2", "ALLOCATED", address="10.2.0.6", hostname="node-2.cluster")]
+    verdict, sched = peer_failure(tmp_path, nodes)
+    assert verdict["category"] == "interconnect" and verdict["nodes"] == ["node-1"]
+    assert sched.node_listings == 1        # one listing, for the verdict only
+
+
+def test_an_address_slurm_gives_no_job_node_or_several_names_none(tmp_path):
+    from recovery_agent.scheduler.base import Node
+    # node-3 has the address but is not the job's; a one-machine test cluster
+    # gives all its nodes one address: neither may be blamed through it
+    for i, nodes in enumerate([
+            [Node("node-1", "ALLOCATED", address="10.2.0.7"),
+             Node("node-2", "ALLOCATED", address="10.2.0.6"),
+             Node("node-3", "IDLE", address="10.2.0.5")],
+            [Node("node-1", "ALLOCATED", address="10.2.0.5"),
+             Node("node-2", "ALLOCATED", address="10.2.0.5")]]):
+        (tmp_path / str(i)).mkdir()
+        verdict, _ = peer_failure(tmp_path / str(i), nodes)
+        assert "node-3" not in verdict["nodes"] and "node-1" not in verdict["nodes"]

@@ -21,18 +21,11 @@ from recovery_agent.store import Store
 from recovery_agent.watch import EPILOG_GRACE, Watcher
 from tests.fixtures.sources.httpfake import FakeServer, dead_url, json_reply, recorded
 from tests.unit.test_sources_prometheus import FakeProm, labels
+from tests.unit.scripted import Script
 
 T0 = 1714557600.0
 XID = "DCGM_FI_DEV_XID_ERRORS"
 UTIL = "DCGM_FI_DEV_GPU_UTIL"
-
-
-class Script:
-    def __init__(self) -> None:
-        self.jobs: list[Job] = []
-
-    def list_jobs(self, job_ids=None):
-        return list(self.jobs)
 
 
 class Decisions:
