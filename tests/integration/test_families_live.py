@@ -11,6 +11,7 @@ hooks' reports, attribution, policy and the actuator.
 """
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
@@ -173,3 +174,65 @@ def test_a_checkpoint_write_error_without_a_full_disk_is_retried(act_agent, subm
     assert (rec["action"], rec["status"]) == ("requeue", "done")
     assert rec["exclude"] == []
     assert "i/o error" in reason_of(act_agent, rec["id"]).lower()
+
+
+def test_an_ib_failure_naming_a_peer_by_address_excludes_that_peer(act_agent, submit):
+    """The printing node says its IB peer at an address failed; NCCL's bootstrap
+    line of the job's other node says whose address that is (the dev cluster's
+    nodes share 127.0.0.1 in Slurm, so only the log can say). The peer is
+    excluded, not the node that printed the line. The lines are NCCL's formats
+    (nccl.ib_completion_from_peer's example, NVIDIA/nccl#1232's bootstrap line)
+    with this job's hosts."""
+    script = ('[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && exit 0; '
+              'peer=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | grep -vx "$SLURMD_NODENAME"'
+              ' | head -n1); echo "step 1 loss 2.0"; '
+              'echo "$peer:13571:13571 [0] NCCL INFO Bootstrap : Using enp10s0:10.77.0.9<0>"; '
+              'echo "$SLURMD_NODENAME:3468:3905 [4] ib_plugin.c:1615 NCCL WARN NET/IB : Got '
+              'completion from peer 10.77.0.9<54862> with status=12 opcode=0 len=0 vendor err '
+              '129 (Recv)"; sleep 1; exit 1')
+    rec = first_decision(act_agent, submit, script)
+    nodes, printer = act_agent.query("select nodes, batch_host from attempts where job = ? "
+                                     "and attempt = 0", rec["job_pk"])[0]
+    assert (rec["action"], rec["status"]) == ("requeue_exclude", "done")
+    assert rec["exclude"] == [n for n in json.loads(nodes) if n != printer]
+
+
+# nvidia-smi's output when the loaded kernel module and the user-space driver
+# differ (kernel.driver_unavailable; labdao/plex#18, mozilla/translations#1167)
+NVML_MISMATCH = "Failed to initialize NVML: Driver/library version mismatch"
+
+
+def test_a_driver_library_mismatch_excludes_the_node_it_ran_on(act_agent, submit):
+    """A node-level software fault: the node is excluded, the job is not stopped."""
+    job_id = submit("-N1", "--requeue", "--open-mode=append", "--recovery=act",
+                    "-o", "family-%j.out",
+                    script='[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && exit 0; '
+                           + printing(NVML_MISMATCH))
+    row = wait_for(lambda: job_row(act_agent, job_id), 30, f"job {job_id} registered")
+    rec = final_rec(act_agent, row[0], attempt=0)
+    ran_on = act_agent.query("select nodes from attempts where job = ? and attempt = 0",
+                             row[0])[0][0]
+    assert (rec["action"], rec["status"]) == ("requeue_exclude", "done")
+    assert rec["exclude"] == json.loads(ran_on)
+
+
+# Lightning's own end-of-fit line (lifecycle.lightning_fit_done), then PyTorch's
+# watchdog timeout as the process groups are torn down (test_attribution.TIMEOUT's format)
+FIT_DONE = "`Trainer.fit` stopped: `max_epochs=20` reached."
+TEARDOWN_TIMEOUT = ("[rank0]:[E1 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective "
+                    "operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, Timeout(ms)=600000) "
+                    "ran for 600100 milliseconds before timing out.")
+
+
+def test_a_watchdog_timeout_after_the_training_finished_is_not_requeued(act_agent, submit,
+                                                                        devcluster):
+    job_id = submit("-N2", "--ntasks-per-node=1", "--requeue", "--open-mode=append",
+                    "--recovery=act", "-o", "family-%j.out",
+                    script=printing(FIT_DONE, TEARDOWN_TIMEOUT))
+    row = wait_for(lambda: job_row(act_agent, job_id), 30, f"job {job_id} registered")
+    verdict = wait_for(lambda: act_agent.query("select data from events where job = ? and "
+                                               "kind = 'verdict'", row[0]), 60,
+                       f"a verdict on job {job_id}")
+    assert '"action": "none"' in verdict[0][0]
+    assert [r for r in recs(act_agent, row[0], "job") if r["action"] != "none"] == []
+    assert devcluster.scheduler().get_job(job_id).restart_count == 0
