@@ -45,10 +45,12 @@ deps: $(VENV)/.installed
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 	    $(APT_PACKAGES); }
 
-$(VENV)/.installed: pyproject.toml
+# the product and, beside it, the developer tools (tools/: the dev cluster, the docs
+# generators), which the product's wheel, make install and the .deb leave out
+$(VENV)/.installed: pyproject.toml tools/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]' -e tools
 	@touch $@
 
 build: deps

@@ -4,7 +4,9 @@
 # Runs inside the test's Debian 12 chroot, where the .deb and Debian's slurmctld
 # and slurmd are installed, in fresh network, mount and pid namespaces (so no
 # port meets the host's, and every daemon dies with the scenario). Only the
-# installed files are used: a dev cluster from the package's recovery-devcluster,
+# installed files are used: a dev cluster (the developer tools are no part of the
+# package: the test copies tools/recovery_devtools to /tmp/src/tools, run here
+# with the package's own interpreter),
 # rewired to the installed hook wrappers, plugstack line and config; the agent
 # started from its systemd unit's command line; a `sbatch --recovery` training
 # job (examples/train.py, copied to /tmp/src) whose node loses a GPU (XID 79),
@@ -18,6 +20,7 @@ unit=/lib/systemd/system/slurm-recovery-agent.service
 prefix=/opt/slurm-recovery
 train=/tmp/src/examples/train.py
 agent_pid=
+devcluster() { PYTHONPATH=/tmp/src/tools "$prefix/bin/python" -m recovery_devtools.devcluster "$@"; }
 
 say() { printf '== %s\n' "$*"; }
 die() {
@@ -37,12 +40,12 @@ field() { scontrol show job -o "$job" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
 state_is() { [ "$(field JobState)" = "$1" ]; }
 has_checkpoint() { grep -q 'checkpoint saved:' "$out" 2>/dev/null; }
 agent_up() { python3 -c "import urllib.request; urllib.request.urlopen('$url/v1/health', timeout=1)" 2>/dev/null; }
-finish() { [ -z "$agent_pid" ] || kill "$agent_pid" 2>/dev/null || true; "$prefix/bin/recovery-devcluster" down --state-dir "$state" >/dev/null 2>&1 || true; }
+finish() { [ -z "$agent_pid" ] || kill "$agent_pid" 2>/dev/null || true; devcluster down --state-dir "$state" >/dev/null 2>&1 || true; }
 trap finish EXIT
 
 say "a dev cluster, wired to the installed hooks, plugstack line and config"
-"$prefix/bin/recovery-devcluster" up --nodes 3 --state-dir "$state"
-eval "$("$prefix/bin/recovery-devcluster" env --state-dir "$state")"
+devcluster up --nodes 3 --state-dir "$state"
+eval "$(devcluster env --state-dir "$state")"
 cp "$state/etc/recovery.toml" /etc/slurm-recovery/recovery.toml
 sed -i -e "s|^Prolog=.*|Prolog=$prefix/libexec/prolog.sh|" \
        -e "s|^Epilog=.*|Epilog=$prefix/libexec/epilog.sh|" \
@@ -74,7 +77,7 @@ out=$state/jobs/train-$job.out
 wait_for 60 "job $job to run" state_is RUNNING
 wait_for 60 "a first checkpoint" has_checkpoint
 bad=$(scontrol show hostnames "$(field NodeList)" | sed -n 2p)
-"$prefix/bin/recovery-devcluster" inject xid --state-dir "$state" --node "$bad" --gpu 0 --xid 79
+devcluster inject xid --state-dir "$state" --node "$bad" --gpu 0 --xid 79
 
 say "the agent requeues job $job without $bad; it finishes"
 wait_for 120 "job $job to finish" state_is COMPLETED

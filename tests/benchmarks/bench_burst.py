@@ -34,8 +34,8 @@ from pathlib import Path
 
 import psutil
 
-from recovery_agent.devcluster.cluster import DevCluster
-from recovery_agent.devcluster.config import local_spec
+from recovery_devtools.devcluster.cluster import DevCluster
+from recovery_devtools.devcluster.config import local_spec
 from recovery_agent.errors import SchedulerError
 from tests.benchmarks.bench_recovery import Bench
 

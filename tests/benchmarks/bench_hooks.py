@@ -25,8 +25,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from recovery_agent.devcluster.cluster import DevCluster
-from recovery_agent.devcluster.config import local_spec
+from recovery_devtools.devcluster.cluster import DevCluster
+from recovery_devtools.devcluster.config import local_spec
 from slurm_hooks.delivery import Deliverer
 
 PORT = int(os.environ.get("RECOVERY_BENCH_PORT", "36817"))

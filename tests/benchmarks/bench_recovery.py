@@ -41,9 +41,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from recovery_agent.devcluster.cluster import DevCluster
-from recovery_agent.devcluster.config import local_spec
-from recovery_agent.devcluster.inject import clear_node, inject_xid
+from recovery_devtools.devcluster.cluster import DevCluster
+from recovery_devtools.devcluster.config import local_spec
+from recovery_devtools.devcluster.inject import clear_node, inject_xid
 from recovery_agent.errors import SchedulerError
 
 PORT = int(os.environ.get("RECOVERY_BENCH_PORT", "37817"))

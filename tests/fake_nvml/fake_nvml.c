@@ -5,7 +5,7 @@
  * GPU snapshot of slurm_hooks/gpu.py, with the prototypes of the real nvml.h.
  * What it reports comes from a JSON file named by $RECOVERY_FAKE_NVML_STATE,
  * read at every first nvmlInit (the one that takes the reference count from 0
- * to 1), in the shape recovery_agent/devcluster/config.py fake_gpus() writes:
+ * to 1), in the shape tools/recovery_devtools/devcluster/config.py fake_gpus() writes:
  *
  *   {"node": "...", "nvml_error": "driver_not_loaded",       (optional)
  *    "gpus": [{"index": 0, "uuid": "GPU-...", "name": "...",

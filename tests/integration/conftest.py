@@ -18,9 +18,9 @@ from typing import Callable
 
 import pytest
 
-from recovery_agent.devcluster.cluster import DevCluster
-from recovery_agent.devcluster.config import local_spec
-from recovery_agent.devcluster.inject import clear_node
+from recovery_devtools.devcluster.cluster import DevCluster
+from recovery_devtools.devcluster.config import local_spec
+from recovery_devtools.devcluster.inject import clear_node
 from recovery_agent.errors import RecoveryError, SchedulerError
 
 TEST_PORT = int(os.environ.get("RECOVERY_TEST_PORT", "26817"))

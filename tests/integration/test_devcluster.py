@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from recovery_agent.devcluster import cluster as cluster_mod
-from recovery_agent.devcluster.cluster import DevCluster
+from recovery_devtools.devcluster import cluster as cluster_mod
+from recovery_devtools.devcluster.cluster import DevCluster
 from tests.conftest import small_tmpfs
 from tests.integration.conftest import wait_for
 
@@ -27,7 +27,7 @@ PORT = int(os.environ.get("RECOVERY_TEST_PORT", "26817")) + 1000
 
 
 def devcluster(*args: str, env: dict | None = None, timeout: float = 120):
-    return subprocess.run([sys.executable, "-m", "recovery_agent.devcluster", *args],
+    return subprocess.run([sys.executable, "-m", "recovery_devtools.devcluster", *args],
                           capture_output=True, text=True, timeout=timeout,
                           env=env or os.environ.copy())
 
@@ -164,7 +164,7 @@ def test_full_disk(tmp_path, monkeypatch):
 
 def test_up_fails_fast_with_the_log_tail(state, monkeypatch):
     """A daemon that cannot start: the error carries its log, well inside 60 s."""
-    from recovery_agent.devcluster import config as config_mod
+    from recovery_devtools.devcluster import config as config_mod
     real = config_mod.slurm_conf
     monkeypatch.setattr(config_mod, "slurm_conf",
                         lambda spec, lay: real(spec, lay) + "SelectType=select/nonexistent\n")

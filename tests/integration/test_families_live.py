@@ -16,7 +16,7 @@ import shlex
 
 import pytest
 
-from recovery_agent.devcluster.inject import inject_xid
+from recovery_devtools.devcluster.inject import inject_xid
 from tests.integration.conftest import job_row, wait_for
 # act_agent: the recovery suite's module agent (its own store), one per module here too
 from tests.integration.test_recovery_live import act_agent, final_rec, job_now, recs  # noqa: F401

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery_agent.devcluster.inject import inject_xid
+from recovery_devtools.devcluster.inject import inject_xid
 from tests.integration.conftest import job_row, wait_for
 from tests.integration.test_recovery_live import (final_rec, job_now, own_agent, recs,
                                                   running_again, second_node, steps,

@@ -54,7 +54,7 @@ def test_injected_xid_is_tied_to_node_gpu_and_job(agent, submit, devcluster):
     job_id = submit("-N1", "-w", "node2", "--recovery=prod",
                     script=f"for i in $(seq 300); do [ -e {go} ] && exit 0; sleep 0.2; done")
     row = wait_for(lambda: job_row(agent, job_id), 30, "job registered")
-    result = subprocess.run([sys.executable, "-m", "recovery_agent.devcluster", "inject", "xid",
+    result = subprocess.run([sys.executable, "-m", "recovery_devtools.devcluster", "inject", "xid",
                              "--node", "node2", "--gpu", "1", "--xid", "79",
                              "--state-dir", str(devcluster.lay.root)],
                             capture_output=True, text=True, timeout=30)

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from recovery_agent.devcluster.cluster import DevCluster
-from recovery_agent.devcluster.config import local_spec
+from recovery_devtools.devcluster.cluster import DevCluster
+from recovery_devtools.devcluster.config import local_spec
 from recovery_agent.errors import SchedulerError
 from tests.integration.conftest import TEST_PORT, AgentProcess, wait_for
 

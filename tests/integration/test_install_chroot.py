@@ -200,6 +200,10 @@ def test_a_dev_cluster_wired_to_the_installed_files_recovers_a_job(chroot):
     (src / "examples").mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "examples" / "train.py", src / "examples" / "train.py")
     shutil.copy(REPO / "packaging" / "install-test" / "recover-in-chroot.sh", src)
+    # the dev cluster is a developer tool, not in the package: its source, run with
+    # the package's interpreter (it needs only the product and its dependencies)
+    shutil.copytree(REPO / "tools" / "recovery_devtools", src / "tools" / "recovery_devtools",
+                    ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
     # slurmctld needs a non-loopback address (getaddrinfo's AI_ADDRCONFIG): a
     # documentation address on the namespace's own lo, which nothing leaves
     inner = (f"ip link set lo up && ip addr add 192.0.2.1/32 dev lo && "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery_agent.devcluster.inject import clear_node, inject_xid
+from recovery_devtools.devcluster.inject import clear_node, inject_xid
 from tests.integration.conftest import AgentProcess, job_row, wait_for
 from tests.integration.test_recovery_live import final_rec, job_now, recs, running_again
 

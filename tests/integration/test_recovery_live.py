@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery_agent.devcluster.inject import inject_xid
+from recovery_devtools.devcluster.inject import inject_xid
 from recovery_agent.errors import SchedulerError
 from tests.integration.conftest import AgentProcess, job_row, wait_for
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery_agent.devcluster.inject import inject_xid
+from recovery_devtools.devcluster.inject import inject_xid
 from tests.integration.conftest import AgentProcess, Submitter, release_node, wait_for
 
 pytestmark = [pytest.mark.live, pytest.mark.security]

@@ -30,7 +30,7 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry, start_http_server
 
-from recovery_agent.devcluster.config import DEFAULT_GPUS, fake_gpus
+from recovery_devtools.devcluster.config import DEFAULT_GPUS, fake_gpus
 from tests.fixtures.sources.httpfake import dead_url
 from tests.integration.conftest import AgentProcess, job_row, wait_for
 from tests.integration.test_recovery_live import final_rec, job_now, second_node

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from recovery_agent.devcluster.cluster import DevCluster
-from recovery_agent.devcluster.config import HOOKS, ClusterSpec
+from recovery_devtools.devcluster.cluster import DevCluster
+from recovery_devtools.devcluster.config import HOOKS, ClusterSpec
 from slurm_hooks import spec
 from tests.conftest import FIXTURES
 from tests.integration.conftest import wait_for

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery_agent import configref
+from recovery_devtools import configref
 from slurm_hooks import settings as hook_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,7 +64,7 @@ def test_every_config_key_is_in_the_reference():
 def test_every_hooks_setting_is_explained_and_documented():
     undocumented = sorted(set(hook_settings.DEFAULTS) - set(configref.HOOK_USAGE))
     assert not undocumented, (f"[hooks] settings {undocumented} need a line in "
-                              "recovery_agent/configref.py HOOK_USAGE")
+                              "tools/recovery_devtools/configref.py HOOK_USAGE")
     assert not set(configref.HOOK_USAGE) - set(hook_settings.DEFAULTS), \
         "HOOK_USAGE explains a setting the hooks no longer read"
     text = CONFIG_REF.read_text()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery_agent.devcluster.config import fake_gpus
+from recovery_devtools.devcluster.config import fake_gpus
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_NVML = REPO / "tests" / "fake_nvml" / "libnvidia-ml.so.1"

@@ -123,7 +123,7 @@ def test_a_ten_megabyte_line_is_capped_not_swallowed(tmp_path):
                         "the hook wrapper never evaluates the comment")
 def test_hook_wrapper_shell_fast_path_does_not_evaluate_the_comment(tmp_path):
     """The dev cluster's hook wrapper reads SLURM_JOB_COMMENT in a case pattern only."""
-    from recovery_agent.devcluster.config import ClusterSpec, Layout, hook_wrapper
+    from recovery_devtools.devcluster.config import ClusterSpec, Layout, hook_wrapper
     lay = Layout(tmp_path)
     script = tmp_path / "prolog"
     script.write_text(hook_wrapper(ClusterSpec(hooks_bin="/nonexistent"), lay, "prolog"))

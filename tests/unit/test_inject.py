@@ -7,9 +7,9 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from recovery_agent.devcluster.cli import main
-from recovery_agent.devcluster.config import ClusterSpec, Layout, write_files
-from recovery_agent.devcluster.inject import XID_MESSAGES
+from recovery_devtools.devcluster.cli import main
+from recovery_devtools.devcluster.config import ClusterSpec, Layout, write_files
+from recovery_devtools.devcluster.inject import XID_MESSAGES
 from slurm_hooks import kmsg
 
 

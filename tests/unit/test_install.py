@@ -112,6 +112,10 @@ def test_install_lays_out_the_tree(tree):
     stage, final = tree
     for name in ("recovery-agent", "recovery-ctl", *HOOKS.values()):
         assert os.access(final / "bin" / name, os.X_OK), name
+    # the developer tools (tools/) stay out of what sites install
+    assert not (final / "bin" / "recovery-devcluster").exists()
+    assert not list(final.glob("lib/python3*/site-packages/recovery_devtools"))
+    assert list(final.glob("lib/python3*/site-packages/recovery_agent"))
     assert (final / "lib" / "slurm-recovery" / "slurm_recovery.so").is_file()
     shipped = sorted(p.name for p in (REPO / "etc" / "patterns").glob("*.toml"))
     installed = final / "share" / "slurm-recovery" / "patterns"
@@ -317,6 +321,8 @@ def test_deb_contents_and_maintainer_scripts(deb, tmp_path):
                  "./etc/slurm-recovery/recovery.toml", "./usr/share/doc/slurm-recovery/copyright"):
         assert path in names, path
     assert not any("install-manifest" in n or "plugstack.conf.d" in n for n in names)
+    assert not any("recovery_devtools" in n or "devcluster" in n or "configref" in n
+                   for n in names), "a developer tool in the .deb"
     root = tmp_path / "x"
     subprocess.run(["dpkg-deb", "-R", str(deb), str(root)], check=True)
     assert (root / "opt/slurm-recovery/bin/recovery-ctl").read_text().startswith(

@@ -21,9 +21,9 @@ from typing import Callable
 
 import psutil
 
-from ..errors import RecoveryError, SchedulerError
-from ..scheduler.cli_backend import CliScheduler
-from ..scheduler.runner import SlurmRunner
+from recovery_agent.errors import RecoveryError, SchedulerError
+from recovery_agent.scheduler.cli_backend import CliScheduler
+from recovery_agent.scheduler.runner import SlurmRunner
 from .config import ClusterSpec, Layout, agent_toml, write_files
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import RecoveryError
+from recovery_agent.errors import RecoveryError
 from .cluster import DevCluster, default_state_dir
 from .config import DEFAULT_GPUS, DEFAULT_NODES, DEFAULT_PORT, local_spec
 from .inject import inject

@@ -9,8 +9,8 @@
 
 Regenerate both (``tests/unit/test_docs.py`` fails when they are stale)::
 
-    python -m recovery_agent.configref > docs/reference-config.md
-    python -m recovery_agent.configref --cli > docs/reference-cli.md
+    python -m recovery_devtools.configref > docs/reference-config.md
+    python -m recovery_devtools.configref --cli > docs/reference-cli.md
 """
 from __future__ import annotations
 
@@ -21,12 +21,15 @@ from typing import Any, Iterator
 
 import click
 
+from recovery_agent import config
+from recovery_agent.agent import main as agent
+from recovery_agent.ctl import main as ctl
 from slurm_hooks import settings as hook_settings
 
-from . import config
+from .devcluster.cli import main as devcluster
 
-CONFIG_COMMAND = "python -m recovery_agent.configref > docs/reference-config.md"
-CLI_COMMAND = "python -m recovery_agent.configref --cli > docs/reference-cli.md"
+CONFIG_COMMAND = "python -m recovery_devtools.configref > docs/reference-config.md"
+CLI_COMMAND = "python -m recovery_devtools.configref --cli > docs/reference-cli.md"
 HELP_WIDTH = 80
 _TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
 
@@ -227,7 +230,7 @@ def config_reference() -> str:
     missing = sorted(set(hook_settings.DEFAULTS) - set(HOOK_USAGE))
     if missing:
         raise SystemExit(f"configref: document the hooks setting(s) {', '.join(missing)} "
-                         "in recovery_agent/configref.py HOOK_USAGE")
+                         "in tools/recovery_devtools/configref.py HOOK_USAGE")
     out = [_INTRO]
     for section, cls in config.SECTIONS.items():
         out += [f"## `[{section}]`", ""]
@@ -253,9 +256,6 @@ def config_reference() -> str:
 # -- the CLI reference ---------------------------------------------------------
 
 def _programs() -> list[tuple[str, click.Command]]:
-    from .agent import main as agent
-    from .ctl import main as ctl
-    from .devcluster.cli import main as devcluster
     return [("recovery-ctl", ctl), ("recovery-agent", agent),
             ("recovery-devcluster", devcluster)]
 
@@ -326,7 +326,7 @@ def _anchor(heading: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args not in ([], ["--cli"]):
-        print("usage: python -m recovery_agent.configref [--cli]", file=sys.stderr)
+        print("usage: python -m recovery_devtools.configref [--cli]", file=sys.stderr)
         return 2
     sys.stdout.write(cli_reference() if args else config_reference())
     return 0

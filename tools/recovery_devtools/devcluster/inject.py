@@ -17,7 +17,7 @@ import click
 
 from slurm_hooks.kmsg import normalize_pci
 
-from ..errors import RecoveryError
+from recovery_agent.errors import RecoveryError
 from .cluster import default_state_dir
 from .config import Layout, fake_gpus
 
