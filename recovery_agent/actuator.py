@@ -20,12 +20,9 @@ and in ``recovery-ctl watchdog`` for when the agent itself is down.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import signal
 import threading
 import time
-from pathlib import Path
 from typing import Callable
 
 from slurm_hooks import spec as specs
@@ -41,11 +38,6 @@ from .store.journal import STORE_ERRORS, SideJournal
 
 log = logging.getLogger(__name__)
 DRAIN_TAG = "recovery:"
-CRASH_ENV = "RECOVERY_TEST_CRASH_AFTER_STEP"   # tests: SIGKILL the agent after this step
-# tests: before this step, create the file named by PAUSE_FILE_ENV and wait
-# (up to PAUSE_LIMIT) until it is removed, so a test can break something first
-PAUSE_ENV, PAUSE_FILE_ENV, PAUSE_LIMIT = ("RECOVERY_TEST_PAUSE_BEFORE_STEP",
-                                          "RECOVERY_TEST_PAUSE_FILE", 120.0)
 RESUME_CHECK_INTERVAL = 30.0
 # slurmctld's answers that say a call was refused, so it did not happen (their
 # texts in Slurm's slurm_errno.c); every other failure may have taken effect
@@ -82,10 +74,13 @@ class Actuator:
                  clock: Callable[[], float] = time.time,
                  mono: Callable[[], float] = time.monotonic,
                  fence: Callable[[], str] | None = None,
-                 journal: SideJournal | None = None) -> None:
+                 journal: SideJournal | None = None,
+                 on_step: Callable[[str, str], None] | None = None) -> None:
         """``fence``: says why this process may no longer act ("" while it may);
         ``journal``: where the fail-open release writes when the store cannot
-        (default ``<store>.journal``)."""
+        (default ``<store>.journal``); ``on_step(when, step)``: called with
+        ``"before"`` ahead of each Slurm step and ``"ok"`` once it took effect
+        (the seam the crash and pause tests use; nothing in production)."""
         self.cfg, self.store, self.scheduler, self.clock = cfg, store, scheduler, clock
         self.mono = mono
         self.fence = fence
@@ -94,9 +89,7 @@ class Actuator:
         self.journaled: set[int] = set()   # ended in the journal, not the store yet
         self._holds_seen: dict[int, tuple[float, float]] = {}   # rec -> (held_at, mono 0)
         self.wake = threading.Event()
-        self.crash_after = os.environ.get(CRASH_ENV, "")
-        self.pause_before = os.environ.get(PAUSE_ENV, "")
-        self.pause_file = os.environ.get(PAUSE_FILE_ENV, "")
+        self.on_step = on_step
         self.waiting_for_slurm = False
         self.fenced = ""            # why this agent may no longer act, once it may not
         self.last_resume_check = 0.0
@@ -206,8 +199,8 @@ class Actuator:
         ``fail_open`` (the releases that keep a job from staying held): when the
         store refuses the record, the call still runs and the side journal
         keeps the record until the store takes it."""
-        if self.pause_before == name and self.pause_file:
-            self._pause(name)
+        if self.on_step is not None:
+            self.on_step("before", name)
         why = self.fence() if self.fence is not None else ""
         if why:
             raise Fenced(why)
@@ -228,8 +221,8 @@ class Actuator:
             raise StepFailed(f"{name}: {exc}") from None
         self._record(rec, name, "ok", detail, fail_open, aside)
         log.info("rec=%s job=%s step %s ok %s", rec["id"], rec["job_id"], name, detail)
-        if self.crash_after == name:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.on_step is not None:
+            self.on_step("ok", name)
 
     def _record(self, rec: dict, name: str, state: str, detail: str, fail_open: bool,
                 aside: bool) -> bool:
@@ -245,16 +238,6 @@ class Actuator:
                           "recorded in the side journal", rec["id"], name, state)
         self.journal.add("step", rec["id"], step=name, state=state, detail=detail)
         return True
-
-    def _pause(self, name: str) -> None:
-        """Test hook: hold still before a step while the test breaks something."""
-        self.pause_before = ""   # once per agent
-        path = Path(self.pause_file)
-        path.write_text(f"{os.getpid()} before {name}\n")
-        log.warning("test hook: paused before step %s until %s is removed", name, path)
-        deadline = time.monotonic() + PAUSE_LIMIT
-        while path.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
 
     def _set(self, rec: dict, **values) -> None:
         with self.store.lock, self.store.db.atomic():

@@ -52,17 +52,18 @@ def source_poller(cfg: Config, scanner):
 
 def start_watch(cfg: Config, store: Store, sched: Scheduler, ingest: Ingest,
                 scanner=None, stop: threading.Event | None = None,
-                sources=None, fence=None) -> threading.Event:
+                sources=None, fence=None, on_step=None) -> threading.Event:
     """The watch loop and the actuator in background threads; set the returned
     event to stop them. ``sources``: a SourcePoller (see :func:`source_poller`);
-    ``fence``: says why this agent may no longer act (see :func:`fence_for`)."""
+    ``fence``: says why this agent may no longer act (see :func:`fence_for`);
+    ``on_step``: the actuator's step seam (tests only)."""
     from .actuator import Actuator
     from .decide import Decider
     from .logs.tail import SqliteCursorStore, Tailer
     from .watch import Watcher
 
     scanner = scanner or load_scanner(cfg)
-    actuator = Actuator(cfg, store, sched, fence=fence)
+    actuator = Actuator(cfg, store, sched, fence=fence, on_step=on_step)
     decider = Decider(cfg, store, sched)
     decider.on_new_work.append(actuator.wake.set)
     tailer = Tailer(SqliteCursorStore(store), allowed_roots=cfg.allowed_log_roots,
@@ -85,7 +86,7 @@ def start_watch(cfg: Config, store: Store, sched: Scheduler, ingest: Ingest,
 
 def watch_when_ready(cfg: Config, store: Store, ingest: Ingest, scanner,
                      stop: threading.Event, retry: float = 5.0, sources=None,
-                     fence=None) -> None:
+                     fence=None, on_step=None) -> None:
     """Slurm was unreachable at start: keep trying, then start watching (an agent
     restarted during a slurmctld outage must not stay deaf once it is back)."""
     def loop() -> None:
@@ -93,7 +94,7 @@ def watch_when_ready(cfg: Config, store: Store, ingest: Ingest, scanner,
             sched = scheduler_for(cfg)
             if sched is not None:
                 ingest.attach_jobs(JobCache(sched))
-                start_watch(cfg, store, sched, ingest, scanner, stop, sources, fence)
+                start_watch(cfg, store, sched, ingest, scanner, stop, sources, fence, on_step)
                 return
     threading.Thread(target=loop, name="wait-for-slurm", daemon=True).start()
 
@@ -144,13 +145,17 @@ def fence_for(cfg: Config, store: Store, lock: StoreLock):
 @click.option("--port", type=int, default=None, help="Listen port (overrides api.port).")
 @click.option("--no-watch", is_flag=True,
               help="Only serve hook ingest; do not follow jobs' logs.")
-def main(config_path: str | None, bind: str | None, port: int | None, no_watch: bool) -> None:
+@click.pass_context
+def main(ctx: click.Context, config_path: str | None, bind: str | None, port: int | None,
+         no_watch: bool) -> None:
     """Run the slurm-recovery agent: receive node hook reports and store them.
 
     \b
     Example:
         RECOVERY_CONFIG=/etc/slurm-recovery/recovery.toml recovery-agent --port 8787
     """
+    # a caller's seams, e.g. the actuator's on_step (tests/step_faults.py): none in service
+    on_step = (ctx.obj or {}).get("on_step")
     try:
         cfg = load(config_path)
     except RecoveryError as exc:
@@ -176,10 +181,11 @@ def main(config_path: str | None, bind: str | None, port: int | None, no_watch: 
         except (RecoveryError, ValueError, OSError) as exc:
             raise click.ClickException(str(exc)) from None
         if sched is not None:
-            start_watch(cfg, store, sched, ingest, scanner, stop, sources, fence)
+            start_watch(cfg, store, sched, ingest, scanner, stop, sources, fence, on_step)
         else:
             log.warning("not watching jobs until Slurm answers (retrying every 5s)")
-            watch_when_ready(cfg, store, ingest, scanner, stop, sources=sources, fence=fence)
+            watch_when_ready(cfg, store, ingest, scanner, stop, sources=sources, fence=fence,
+                             on_step=on_step)
     host, listen_port = bind or cfg.api.bind, port or cfg.api.port
     if host not in ("127.0.0.1", "localhost", "::1") and not cfg.api.read_token_file:
         log.warning("the API listens on %s without api.read_token_file: anyone who can "

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import psutil
 
+from recovery_agent.errors import SchedulerError
 from recovery_devtools.devcluster.cluster import DevCluster
 from recovery_devtools.devcluster.config import local_spec
-from recovery_agent.errors import SchedulerError
 from tests.benchmarks.bench_recovery import Bench
 
 PORT = 38817

@@ -41,10 +41,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from recovery_agent.errors import SchedulerError
 from recovery_devtools.devcluster.cluster import DevCluster
 from recovery_devtools.devcluster.config import local_spec
 from recovery_devtools.devcluster.inject import clear_node, inject_xid
-from recovery_agent.errors import SchedulerError
 
 PORT = int(os.environ.get("RECOVERY_BENCH_PORT", "37817"))
 REPO = Path(__file__).resolve().parents[2]

@@ -18,10 +18,11 @@ from typing import Callable
 
 import pytest
 
+from recovery_agent.errors import RecoveryError, SchedulerError
 from recovery_devtools.devcluster.cluster import DevCluster
 from recovery_devtools.devcluster.config import local_spec
 from recovery_devtools.devcluster.inject import clear_node
-from recovery_agent.errors import RecoveryError, SchedulerError
+from tests.step_faults import ENV as STEP_FAULTS
 
 TEST_PORT = int(os.environ.get("RECOVERY_TEST_PORT", "26817"))
 
@@ -154,8 +155,13 @@ class AgentProcess:
 
     def start(self) -> None:
         env = self.environ()
+        # an agent given crash or pause points runs with them as its actuator's
+        # step seam (tests/step_faults.py); any other is the plain daemon
+        module = ("tests.step_faults" if any(k in self.extra_env for k in STEP_FAULTS)
+                  else "recovery_agent")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "recovery_agent"], env=env,
+            self.proc = subprocess.Popen([sys.executable, "-m", module], env=env,
                                          stdout=out, stderr=out, stdin=subprocess.DEVNULL)
         wait_for(self.healthy, 30, "agent answering /v1/health")
 

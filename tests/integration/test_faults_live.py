@@ -58,8 +58,8 @@ def test_slurmctld_killed_during_a_step(ctld, submit, tmp_path, cleanup, step):
     devcluster = ctld
     sched = devcluster.scheduler()
     pause = tmp_path / "paused"
-    agent = own_agent(devcluster, tmp_path, RECOVERY_TEST_PAUSE_BEFORE_STEP=step,
-                      RECOVERY_TEST_PAUSE_FILE=str(pause), **PATIENT)
+    agent = own_agent(devcluster, tmp_path, STEP_FAULTS_PAUSE_BEFORE=step,
+                      STEP_FAULTS_PAUSE_FILE=str(pause), **PATIENT)
     agent.start()
     try:
         job_id, _out, bad = xid_under_job(submit, devcluster, tmp_path, cleanup, agent)

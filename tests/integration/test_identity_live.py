@@ -15,9 +15,9 @@ import time
 
 import pytest
 
+from recovery_agent.errors import SchedulerError
 from recovery_devtools.devcluster.cluster import DevCluster
 from recovery_devtools.devcluster.config import local_spec
-from recovery_agent.errors import SchedulerError
 from tests.integration.conftest import TEST_PORT, AgentProcess, wait_for
 
 pytestmark = pytest.mark.live

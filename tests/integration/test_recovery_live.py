@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from recovery_devtools.devcluster.inject import inject_xid
 from recovery_agent.errors import SchedulerError
+from recovery_devtools.devcluster.inject import inject_xid
 from tests.integration.conftest import AgentProcess, job_row, wait_for
 
 pytestmark = pytest.mark.live
@@ -288,7 +288,7 @@ def test_agent_killed_mid_actuation_requeues_exactly_once(act_agent, submit, dev
     act_agent.stop()   # this test runs its own agents on the same port
     try:
         sched = devcluster.scheduler()
-        dying = own_agent(devcluster, tmp_path, RECOVERY_TEST_CRASH_AFTER_STEP=crash_after)
+        dying = own_agent(devcluster, tmp_path, STEP_FAULTS_CRASH_AFTER=crash_after)
         dying.start()
         job_id, out, bad = xid_under_job(submit, devcluster, tmp_path, cleanup, dying)
         assert dying.wait_dead(60) == -9            # SIGKILL, right after the step
@@ -315,7 +315,7 @@ def test_watchdog_releases_a_held_job_while_the_agent_is_down(act_agent, submit,
     act_agent.stop()
     try:
         sched = devcluster.scheduler()
-        dying = own_agent(devcluster, tmp_path, RECOVERY_TEST_CRASH_AFTER_STEP="requeue_hold",
+        dying = own_agent(devcluster, tmp_path, STEP_FAULTS_CRASH_AFTER="requeue_hold",
                           RECOVERY_POLICY_DECISION_TIMEOUT="3s")
         dying.start()
         job_id, out, bad = xid_under_job(submit, devcluster, tmp_path, cleanup, dying)
@@ -385,7 +385,7 @@ def test_slurmctld_stopped_30s_mid_recovery_waits_then_finishes(act_agent, submi
     try:
         sched = devcluster.scheduler()
         slow = {"RECOVERY_POLICY_DECISION_TIMEOUT": "150s"}
-        dying = own_agent(devcluster, tmp_path, RECOVERY_TEST_CRASH_AFTER_STEP="requeue_hold",
+        dying = own_agent(devcluster, tmp_path, STEP_FAULTS_CRASH_AFTER="requeue_hold",
                           **slow)
         dying.start()
         job_id, out, bad = xid_under_job(submit, devcluster, tmp_path, cleanup, dying)

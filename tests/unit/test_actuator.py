@@ -14,13 +14,13 @@ from collections import Counter
 
 import pytest
 
-from recovery_agent.actuator import (CRASH_ENV, RESUME_CHECK_INTERVAL, Actuator, drain_reason,
-                                     ours)
+from recovery_agent.actuator import RESUME_CHECK_INTERVAL, Actuator, drain_reason, ours
 from recovery_agent.config import from_mapping
 from recovery_agent.errors import JobNotFound, NodeNotFound, SchedulerError
 from recovery_agent.notify import Sent
 from recovery_agent.scheduler.base import Job, Node
 from recovery_agent.store import FINAL_STATUSES, OPEN_STATUSES, Store
+from tests.step_faults import StepFaults
 
 JOB_ID = "4242"
 SUBMIT = 1_700_000_000
@@ -270,11 +270,12 @@ def store(tmp_path, migrated):
         yield s
 
 
-def make_actuator(store, slurm, clock, **policy) -> Actuator:
+def make_actuator(store, slurm, clock, on_step=None, **policy) -> Actuator:
     """Wall clock ``clock[0]``; the monotonic clock moves with it except for
     wall-clock jumps, recorded in ``clock[1]`` by :func:`jump`."""
     return Actuator(config(**policy), store, slurm, clock=lambda: clock[0],
-                    mono=lambda: clock[0] - (clock[1] if len(clock) > 1 else 0.0))
+                    mono=lambda: clock[0] - (clock[1] if len(clock) > 1 else 0.0),
+                    on_step=on_step)
 
 
 def jump(clock, seconds: float) -> None:
@@ -326,14 +327,14 @@ def steps(store, rec_id: int) -> list[tuple[str, str]]:
 
 @pytest.fixture
 def killed(monkeypatch):
-    """os.kill in the actuator raises Killed (and records what it was asked)."""
+    """os.kill in the step faults raises Killed (and records what it was asked)."""
     sent = []
 
     def fake_kill(pid, sig):
         sent.append((pid, sig))
         raise Killed(f"signal {sig}")
 
-    monkeypatch.setattr("recovery_agent.actuator.os.kill", fake_kill)
+    monkeypatch.setattr("tests.step_faults.os.kill", fake_kill)
     return sent
 
 
@@ -420,15 +421,13 @@ def test_monitor_mode_recommendations_are_never_acted_on(store, clock):
 # -- 2. crashes between steps -------------------------------------------------------
 @pytest.mark.parametrize("completing", [False, True], ids=["direct", "completing"])
 @pytest.mark.parametrize("step", JOB_STEPS)
-def test_crash_after_any_step_then_restart_finishes_once(store, clock, killed, monkeypatch,
+def test_crash_after_any_step_then_restart_finishes_once(store, clock, killed,
                                                          step, completing):
     slurm = FakeSlurm(state="FAILED", requeue_allowed=False, completing=completing)
     want = ("gpu2", "gpu3")
     rec_id = add_job_rec(store, slurm, exclude=want)
 
-    monkeypatch.setenv(CRASH_ENV, step)
-    first = make_actuator(store, slurm, clock)
-    assert first.crash_after == step
+    first = make_actuator(store, slurm, clock, on_step=StepFaults(crash_after=step))
     with pytest.raises(Killed):
         drive(first, store, rec_id, clock)
     assert killed == [(os.getpid(), signal.SIGKILL)]
@@ -436,9 +435,7 @@ def test_crash_after_any_step_then_restart_finishes_once(store, clock, killed, m
     assert store.rec(rec_id)["status"] in OPEN_STATUSES
 
     # a restarted agent: a fresh Actuator on the same store, the same Slurm
-    monkeypatch.delenv(CRASH_ENV)
     second = make_actuator(store, slurm, clock)
-    assert second.crash_after == ""
     clock[0] += 1
     drive(second, store, rec_id, clock)
 
@@ -484,15 +481,13 @@ def test_crash_inside_a_step(store, clock, step, when):
     assert slurm.job["held"] is False and slurm.job["start_now"] is True
 
 
-def test_restart_long_after_a_crash_still_requeues_only_once(store, clock, killed,
-                                                             monkeypatch):
+def test_restart_long_after_a_crash_still_requeues_only_once(store, clock, killed):
     """Down for longer than the decision timeout while the job sat held."""
     slurm = FakeSlurm()
     rec_id = add_job_rec(store, slurm)
-    monkeypatch.setenv(CRASH_ENV, "requeue_hold")
     with pytest.raises(Killed):
-        drive(make_actuator(store, slurm, clock), store, rec_id, clock)
-    monkeypatch.delenv(CRASH_ENV)
+        drive(make_actuator(store, slurm, clock, on_step=StepFaults(crash_after="requeue_hold")),
+              store, rec_id, clock)
     clock[0] += 10 * 60.0
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     assert store.rec(rec_id)["status"] in ("done", "released_by_watchdog")
@@ -1512,3 +1507,25 @@ def test_a_call_cut_off_mid_answer_may_have_happened(store, clock):
     rec = store.rec(rec_id)
     assert rec["status"] == "done" and slurm.job["excluded"] == ("gpu2",)
     assert not slurm.job["held"]
+
+
+def test_a_pause_point_holds_before_its_step_until_the_file_goes(store, clock, tmp_path):
+    """The pause seam: before ``release`` the actuator stops, writes the file
+    and waits; once the test removes it the step runs. Once per process."""
+    slurm = FakeSlurm()
+    rec_id = add_job_rec(store, slurm)
+    pause = tmp_path / "paused"
+    act = make_actuator(store, slurm, clock,
+                        on_step=StepFaults(pause_before="release", pause_file=str(pause)))
+    done = threading.Event()
+    threading.Thread(target=lambda: (drive(act, store, rec_id, clock), done.set()),
+                     daemon=True).start()
+    for _ in range(200):
+        if pause.exists():
+            break
+        time.sleep(0.02)
+    assert pause.exists() and "before release" in pause.read_text()
+    assert not done.wait(0.3) and slurm.calls["release"] == 0
+    pause.unlink()
+    assert done.wait(10) and slurm.calls["release"] == 1
+    assert act.on_step.pause_before == ""

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from recovery_agent.store import OPEN_STATUSES, Store
 from recovery_agent.store.journal import SideJournal
 from tests.conftest import small_tmpfs
-from tests.unit.test_store_full import fill
 from tests.unit.test_actuator import FakeSlurm, add_job_rec, clock, make_actuator  # noqa: F401 (clock: a fixture)
+from tests.unit.test_store_full import fill
 
 pytestmark = pytest.mark.resilience(
     "store disk full mid-recovery", "the held job is released within the decision timeout "

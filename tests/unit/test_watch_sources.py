@@ -20,8 +20,8 @@ from recovery_agent.sources import SourcePoller, build_sources
 from recovery_agent.store import Store
 from recovery_agent.watch import EPILOG_GRACE, Watcher
 from tests.fixtures.sources.httpfake import FakeServer, dead_url, json_reply, recorded
-from tests.unit.test_sources_prometheus import FakeProm, labels
 from tests.unit.scripted import Script
+from tests.unit.test_sources_prometheus import FakeProm, labels
 
 T0 = 1714557600.0
 XID = "DCGM_FI_DEV_XID_ERRORS"

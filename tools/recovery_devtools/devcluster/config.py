@@ -146,7 +146,7 @@ def local_spec(nodes: int = DEFAULT_NODES, gpus_per_node: int = DEFAULT_GPUS,
                port: int = DEFAULT_PORT) -> ClusterSpec:
     """A spec wired to what this install has: the node hooks when their entry
     points are on PATH, the SPANK plugin when it is built in this checkout."""
-    checkout = Path(__file__).resolve().parents[2]
+    checkout = Path(__file__).resolve().parents[3]   # tools/recovery_devtools/devcluster/
     plugin = checkout / "spank" / "slurm_recovery.so"
     nvml = checkout / "tests" / "fake_nvml" / "libnvidia-ml.so.1"
     return ClusterSpec(nodes=nodes, gpus_per_node=gpus_per_node, port=port,
