@@ -173,10 +173,7 @@ class Actuator:
     def _held_too_long(self, now: float) -> list[dict]:
         """Job recommendations whose hold is older than the decision timeout and
         not known to be lifted (open ones, and ended ones whose release failed)."""
-        rows = self.store.db["recommendations"].rows_where(
-            "scope = 'job' and held_at is not null and status in "
-            "('proposed', 'executing', 'failed', 'expired') and created >= ?",
-            [now - 7 * 86400], order_by="id")
+        rows = self.store.holding_recs(since=now - 7 * 86400)
         limit = self.cfg.policy.decision_timeout
         return [r for r in rows if self._hold_age(r["id"], r["held_at"], now) >= limit]
 
@@ -240,7 +237,7 @@ class Actuator:
         return True
 
     def _set(self, rec: dict, **values) -> None:
-        with self.store.lock, self.store.db.atomic():
+        with self.store.transaction():
             self.store.update_rec(rec["id"], **values)
         rec.update(values)
 
@@ -260,7 +257,7 @@ class Actuator:
                                      or self._let_go(rec, job, f"release_after_{status}")):
                 extra["held_at"] = None
         now = self.clock()
-        with self.store.lock, self.store.db.atomic():
+        with self.store.transaction():
             self.store.update_rec(rec["id"], status=status, error=why or None,
                                   done_at=now if status == "done" else None,
                                   next_try=None, **extra)
@@ -510,7 +507,7 @@ class Actuator:
                 log.warning("rec=%s drained %s but cannot read it back (%s); its drain "
                             "is recorded by reason only", rec["id"], name, exc)
         shown = node if node is not None and node.drained and node.reason == reason else None
-        with self.store.lock, self.store.db.atomic():
+        with self.store.transaction():
             self.store.set_node(name, drained_by_us=1, drain_reason=reason, drained_at=now,
                                 drain_rec=rec["id"],
                                 drain_slurm_reason=shown.reason if shown else reason,
@@ -518,7 +515,7 @@ class Actuator:
                                 drain_slurm_time=shown.reason_time if shown else None)
 
     def _disown(self, name: str) -> None:
-        with self.store.lock, self.store.db.atomic():
+        with self.store.transaction():
             self.store.set_node(name, drained_by_us=0, drain_reason=None, drain_rec=None,
                                 drain_slurm_reason=None, drain_slurm_user=None,
                                 drain_slurm_time=None)
@@ -563,7 +560,7 @@ class Actuator:
         try:
             if status != rec["status"]:
                 self._finish(rec, status, why)
-            with self.store.lock, self.store.db.atomic():
+            with self.store.transaction():
                 self.store.update_rec(rec["id"], held_at=None)
         except STORE_ERRORS as exc:
             log.error("rec=%s %s: the store refuses writes (%s); recorded in the side "
@@ -579,7 +576,7 @@ class Actuator:
         drained again by someone else (Slurm's reason time changed). They stop
         counting against the drain budget and are never resumed by us. Returns
         the nodes let go; a listing that fails changes nothing."""
-        rows = list(self.store.db["nodes"].rows_where("drained_by_us = 1"))
+        rows = self.store.drained_nodes()
         if not rows:
             return []
         try:
@@ -608,21 +605,20 @@ class Actuator:
         if not after:
             return []
         made = []
-        for node in self.store.db["nodes"].rows_where("drained_by_us = 1"):
+        for node in self.store.drained_nodes():
             name = node["name"]
             if any(r["action"] == "resume_node" and r["target_nodes"] == [name]
                    for r in self.store.recommendations(OPEN_STATUSES)):
                 continue
             since = node["drained_at"] or now
-            reports = list(self.store.db["node_reports"].rows_where(
-                "node = ? and received >= ?", [name, since], order_by="received"))
+            reports = self.store.reports_since(name, since)
             dirty = [r["received"] for r in reports if not r["gpu_ok"]
-                     or self.store.db["xids"].count_where("report = ?", [r["id"]])]
+                     or self.store.report_xid_count(r["id"])]
             clean_from = max([since, *dirty])
             clean = [r for r in reports if r["received"] > clean_from]
             if not clean or now - clean_from < after:
                 continue
-            with self.store.lock, self.store.db.atomic():
+            with self.store.transaction():
                 pk = self.store.add_recommendation({
                     "scope": "node", "action": "resume_node", "rule": "healthy_again",
                     "reason": f"health reports clean for {now - clean_from:.0f}s "

@@ -20,7 +20,6 @@ import hmac
 import ipaddress
 import json
 import socket
-import sqlite3
 import struct
 import time
 
@@ -31,7 +30,7 @@ from slurm_hooks import munge
 
 from .config import Config
 from .service import Caller, Service, ServiceError, role_of
-from .store import Store
+from .store import DatabaseError, Store
 
 __all__ = ["register", "local_peer_uid", "read_body"]
 MAX_BODY = 64 * 1024
@@ -147,8 +146,8 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
         who = role_of(cfg, uid)
         return None if who.admin else who
 
-    @app.exception_handler(sqlite3.DatabaseError)
-    async def store_error(request: Request, exc: sqlite3.DatabaseError) -> JSONResponse:
+    @app.exception_handler(DatabaseError)
+    async def store_error(request: Request, exc: DatabaseError) -> JSONResponse:
         # a damaged store has marked store.health already: /healthz is red too
         return JSONResponse({"detail": f"the store cannot answer: {exc}"}, status_code=503)
 

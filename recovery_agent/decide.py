@@ -119,8 +119,7 @@ class Decider:
             if category == "interconnect":
                 strikes.append(Strike(now, STRIKE_WEIGHTS["interconnect"], user, n in witnessed))
             ic[n] = len(voiced(strikes))
-        rows = list(self.store.db["nodes"].rows_where(
-            "drained_by_us = 1 or excluded_by_operator = 1"))
+        rows = self.store.held_back_nodes()
         return NodeFacts(lemons=lemons,
                          drained_by_us=tuple(r["name"] for r in rows if r["drained_by_us"]),
                          operator_excluded=tuple(r["name"] for r in rows
@@ -169,7 +168,7 @@ class Decider:
             decision = decide(verdict, trigger=trigger, state=state, history=history,
                               limits=self.limits(spec), facts=facts, witnessed=witnessed)
             mode = self.mode(spec)
-            with self.store.db.atomic():
+            with self.store.transaction():   # the lock is held already
                 if verdict_event:
                     self.store.add_event(job_pk, **verdict_event)
                 recs = self._store(row, attempt, decision, mode, verdict, trigger, job,
@@ -271,9 +270,7 @@ class Decider:
 
     def _over_budget(self, node: str, now: float) -> str:
         pol = self.cfg.policy
-        drains = self.store.db["recommendations"].count_where(
-            "action = 'drain_node' and created >= ? and status in "
-            "('proposed', 'executing', 'done', 'would_have')", [now - 3600])
+        drains = self.store.drains_since(now - 3600)
         # the wall clock may jump forward and age recent drains out of the
         # hour; this process's own drains are also counted on the monotonic
         # clock (a jump back only makes the query above count more)
@@ -299,8 +296,8 @@ class Decider:
             # ours only while Slurm still shows our drain: a node a human resumed
             # or drained again no longer counts against our budget
             by_name = {n.name: n for n in listed}
-            drained = {r["name"] for r in self.store.db["nodes"].rows_where(
-                "drained_by_us = 1") if our_drain(r, by_name.get(r["name"]))} | pending
+            drained = {r["name"] for r in self.store.drained_nodes()
+                       if our_drain(r, by_name.get(r["name"]))} | pending
             for n in listed:
                 for part in n.partitions:
                     sizes[part] = sizes.get(part, 0) + 1

@@ -234,12 +234,10 @@ class Ingest:
 
     def store_report(self, hook: str, report: dict, sender_uid: int | None = None) -> StoredReport:
         """Store one validated report atomically; a known report_id is a no-op."""
-        db = self.store.db
-        with self.store.lock, db.atomic():
-            existing = list(db["node_reports"].rows_where("report_id = ?",
-                                                          [report["report_id"]], limit=1))
+        with self.store.transaction():
+            existing = self.store.report_by_id(report["report_id"])
             if existing:
-                return StoredReport(existing[0]["id"], True, existing[0]["job"])
+                return StoredReport(existing["id"], True, existing["job"])
             cluster = report["cluster"] or self.cluster
             job_pk = attempt = None
             if report.get("job"):
@@ -249,7 +247,7 @@ class Ingest:
             row = self._report_row(hook, report, cluster, job_pk, attempt, sender_uid)
             if job_pk is not None:   # judged already: the watch loop counts its XIDs
                 row["after_verdict"] = int(report_rows.has_verdict(self.store, job_pk, attempt))
-            report_pk = db["node_reports"].insert(row).last_pk
+            report_pk = self.store.add_report(row)
             self._store_xids(report, report_pk, job_pk, attempt)
             self._node_health(report)
             if job_pk is not None:
@@ -288,13 +286,13 @@ class Ingest:
             pci = str(xid.get("pci") or "").lower()
             gpu = by_pci.get(pci, {})
             fingerprint = hashlib.sha1(f"{report['node']}\0{xid['raw']}".encode()).hexdigest()
-            self.store.db["xids"].insert({
+            self.store.add_xid({
                 "report": report_pk, "job": job_pk, "attempt": attempt,
                 "node": report["node"], "kind": xid.get("kind", "xid"), "xid": xid["xid"],
                 "pci": pci, "gpu_index": gpu.get("index"), "gpu_uuid": gpu.get("uuid"),
                 "time": xid.get("time"), "message": xid.get("message"), "raw": xid["raw"],
                 "fingerprint": fingerprint,
-            }, ignore=True)
+            })
 
     def _node_health(self, report: dict) -> None:
         gpus = report["gpus"]
@@ -302,16 +300,14 @@ class Ingest:
                    "count": len(gpus["gpus"]), "error": gpus.get("error"),
                    "xids": sorted({x["xid"] for x in report["xids"]}),
                    "preflight": (report.get("preflight") or {}).get("verdict")}
-        self.store.db["nodes"].upsert({"name": report["node"], "cluster": report["cluster"],
-                                       "last_health": json.dumps(summary),
-                                       "updated": time.time()}, pk="name")
+        self.store.set_node(report["node"], cluster=report["cluster"],
+                            last_health=json.dumps(summary))
 
     def complete_submit_times(self, listed: dict[str, Job]) -> None:
         """Give jobs stored before the scheduler listed them their real submit
         time (and so their full key), unless that key is taken already."""
-        with self.store.lock, self.store.db.atomic():
-            rows = list(self.store.db["jobs"].rows_where(
-                "cluster = ? and submit_time = 0", [self.cluster]))
+        with self.store.transaction():
+            rows = self.store.jobs_without_submit_time(self.cluster)
             for row in rows:
                 job = listed.get(row["job_id"])
                 if job is None or not job.submit_time:
@@ -323,4 +319,4 @@ class Ingest:
                     continue
                 if row["job_id"] != job.job_id:
                     continue   # its printable name is taken: leave it to the poller
-                self.store.db["jobs"].update(row["id"], {"submit_time": job.submit_time})
+                self.store.set_submit_time(row["id"], job.submit_time)

@@ -36,25 +36,11 @@ class StoreCollector:
         self.store, self.counters = store, counters
 
     def collect(self):
-        db = self.store.db
-        with self.store.lock:
-            detections = list(db.execute(
-                "select category, count(*) from detections group by category"))
-            recs = list(db.execute("select action, status, count(*) from recommendations "
-                                   "group by action, status"))
-            latencies = list(db.execute(
-                "select detected_at - failure_at, done_at - detected_at from recommendations "
-                "where scope = 'job' and detected_at is not null"))
-            finished = ", ".join(f"'{s}'" for s in sorted(FINISHED_STATES))
-            tracked = db.execute(f"select count(*) from jobs where state not in ({finished}, "
-                                 "'GONE')").fetchone()[0]
-            drained = db.execute("select count(*) from nodes where drained_by_us = 1"
-                                 ).fetchone()[0]
-            excluded = db.execute("select count(*) from nodes where excluded_by_operator = 1"
-                                  ).fetchone()[0]
-            reports = list(db.execute("select hook, count(*) from node_reports group by hook"))
-            replays = db.execute("select count(*) from node_reports where "
-                                 "received - created > 5").fetchone()[0]
+        figures = self.store.figures(FINISHED_STATES)
+        detections, recs, latencies = (figures["detections"], figures["recs"],
+                                       figures["latencies"])
+        tracked, drained, excluded = figures["tracked"], figures["drained"], figures["excluded"]
+        reports, replays = figures["reports"], figures["replays"]
         family = CounterMetricFamily("recovery_detections", "Detections stored, by category",
                                      labels=["category"])
         for category, count in detections:

@@ -138,24 +138,11 @@ class Service:
         """Tracked jobs, newest first; a user (``who``) gets only their own."""
         if not sees_all(who):
             user = who.name
-        where, args = ["cluster = ?"], [self.cfg.agent.cluster]
-        for key, value in (("state", state), ("user", user), ("env", env)):
-            if value:
-                where.append(f'"{key}" = ?')
-                args.append(value)
-        rows = list(self.store.db["jobs"].rows_where(" and ".join(where), args,
-                                                     order_by="id desc", limit=limit))
+        rows = self.store.find_jobs(self.cfg.agent.cluster, state=state, user=user, env=env,
+                                    limit=limit)
         for row in rows:
             # what the agent concluded (the latest verdict), else what it last saw
-            verdict = list(self.store.db["events"].rows_where(
-                "job = ? and kind = 'verdict'", [row["id"]], order_by="id desc", limit=1))
-            category = json.loads(verdict[0]["data"] or "{}").get("category") \
-                if verdict else None
-            if category is None:
-                last = list(self.store.db["detections"].rows_where(
-                    "job = ?", [row["id"]], order_by="id desc", limit=1))
-                category = last[0]["category"] if last else None
-            row["last_detection"] = category
+            row["last_detection"] = self.store.last_category(row["id"])
             recs = [r for r in self.store.recommendations(job_pk=row["id"])
                     if r["scope"] == "job"]
             row["last_recommendation"] = (f"{recs[-1]['action']} {recs[-1]['status']}"
@@ -169,9 +156,7 @@ class Service:
         array of someone else's."""
         if not array_id.isdigit():
             return []
-        rows = list(self.store.db["jobs"].rows_where(
-            "cluster = ? and array_job_id = ?", [self.cfg.agent.cluster, int(array_id)],
-            order_by="array_task_id"))
+        rows = self.store.array_tasks(self.cfg.agent.cluster, int(array_id))
         if rows and not sees_all(who):
             mine = [r for r in rows if (r["user"] or "") == who.name]
             if not mine:
@@ -215,8 +200,8 @@ class Service:
                                "message": f"#{rec['id']} {step['step']} {step['state']}"
                                           + (f" {step['detail']}" if step["detail"] else ""),
                                "data": None})
-        for x in self.store.db["xids"].rows_where("job = ?", [row["id"]], order_by="id"):
-            report = self.store.db["node_reports"].get(x["report"]) if x["report"] else None
+        for x in self.store.job_xids(row["id"]):
+            report = self.store.node_report(x["report"]) if x["report"] else None
             events.append({"id": None, "job": row["id"],
                            "ts": report["received"] if report else (x["time"] or 0),
                            "kind": "xid", "attempt": x["attempt"], "source": f"hooks/{x['node']}",
@@ -233,7 +218,7 @@ class Service:
 
     def nodes(self) -> list[dict]:
         scores = self.scores()
-        rows = [decoded(r) for r in self.store.db["nodes"].rows_where(order_by="name")]
+        rows = [decoded(r) for r in self.store.nodes()]
         known = {r["name"] for r in rows}
         rows += [{"name": n, "drained_by_us": 0, "excluded_by_operator": 0}
                  for n in scores if n not in known]
@@ -279,7 +264,7 @@ class Service:
         return rows[::-1][:limit]
 
     def recommendation(self, rec_id: int, who: Caller | None = None) -> dict:
-        if not self.store.db["recommendations"].count_where("id = ?", [rec_id]):
+        if not self.store.has_rec(rec_id):
             raise NotFound(f"no recommendation {rec_id}")
         rec = self.store.rec(rec_id)
         may_read(who, rec.get("user"), f"recommendation {rec_id}")
@@ -303,7 +288,7 @@ class Service:
     # -- writes ----------------------------------------------------------------
     def _audit(self, job_pk: int | None, who: Caller, verb: str, message: str,
                **data: Any) -> None:
-        with self.store.lock, self.store.db.atomic():
+        with self.store.transaction():
             self.store.add_event(job_pk, f"api_{verb}", f"{message} (by {who.name}, "
                                  f"uid {who.uid})", source="api",
                                  data={"uid": who.uid, "user": who.name, **data})
@@ -352,7 +337,7 @@ class Service:
         self._admin(who, "exclude nodes")
         if not reason.strip():
             raise BadRequest("a reason is required")
-        with self.store.lock, self.store.db.atomic():
+        with self.store.transaction():
             self.store.set_node(name, excluded_by_operator=1)
         self._audit(None, who, "exclude", f"node {name} excluded from retries: {reason}",
                     node=name, reason=reason)
@@ -362,17 +347,16 @@ class Service:
         self._admin(who, "include nodes")
         if self.store.node(name) is None:
             raise NotFound(f"node {name} is not known")
-        with self.store.lock, self.store.db.atomic():
+        with self.store.transaction():
             self.store.set_node(name, excluded_by_operator=0)
         self._audit(None, who, "include", f"node {name} no longer excluded", node=name)
         return {"node": name, "excluded": False}
 
     def expire_claims(self) -> int:
         now = self.clock()
-        rows = list(self.store.db["recommendations"].rows_where(
-            "mode = 'external' and status = 'executing' and claim_expires < ?", [now]))
+        rows = self.store.expired_claims(now)
         for row in rows:
-            with self.store.lock, self.store.db.atomic():
+            with self.store.transaction():
                 self.store.update_rec(row["id"], status="proposed", claimed_by=None,
                                       claim_expires=None)
             self.store.add_step(row["id"], "claim_expired", "ok",
@@ -399,12 +383,12 @@ class Service:
                            + (f", claimed by {rec['claimed_by']}" if rec["claimed_by"] else ""))
         stale = self._moved_on(rec)
         if stale:
-            with self.store.lock, self.store.db.atomic():
+            with self.store.transaction():
                 self.store.update_rec(rec_id, status="expired", error=stale)
             raise Conflict(f"recommendation {rec_id} is stale: {stale}")
         now, ttl = self.clock(), self.cfg.api.claim_ttl
         claim = f"uid:{who.uid}"
-        with self.store.lock, self.store.db.atomic():
+        with self.store.transaction():
             self.store.update_rec(rec_id, status="executing", claimed_by=claim,
                                   claim_expires=now + ttl)
         self.store.add_step(rec_id, "claimed", "ok", f"{who.name} until +{ttl:g}s")
@@ -421,7 +405,7 @@ class Service:
             raise Conflict(f"recommendation {rec_id} is {rec['status']}, not claimed for "
                            "external execution")
         detail = detail[:2000]
-        with self.store.lock, self.store.db.atomic():
+        with self.store.transaction():
             self.store.update_rec(rec_id, status=outcome, done_at=self.clock(),
                                   error=detail if outcome == "failed" else None)
         self.store.add_step(rec_id, "completed", "ok" if outcome == "done" else "failed",
@@ -437,7 +421,7 @@ class Service:
         if rec["status"] not in OPEN_STATUSES or started:
             raise Conflict(f"recommendation {rec_id} is {rec['status']}"
                            + (" and already acting on Slurm" if started else ""))
-        with self.store.lock, self.store.db.atomic():
+        with self.store.transaction():
             self.store.update_rec(rec_id, status="cancelled",
                                   error=f"cancelled by {who.name}"
                                         + (f": {reason[:500]}" if reason else ""))

@@ -12,7 +12,6 @@ job's oddity).
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from .logs.tail import LogLine, Tailer, lines_from_report
 from .logs.userfs import Rights
 from .policy import STRIKE_WEIGHTS, confined
 from .scheduler.base import FINISHED_STATES, Job, Scheduler
-from .store import Store, same_job
+from .store import STORE_ERRORS, Store, same_job
 from .store import reports as report_rows
 from .watch_sources import SourceFeed
 
@@ -46,7 +45,6 @@ STRAGGLER_CHECK_EVERY = 5.0
 # ended attempts whose verdict cannot be stored (a full or read-only store)
 # wait in memory, oldest dropped past this many: nothing is acted on unstored
 MAX_PENDING_VERDICTS = 5000
-STORE_ERRORS = (StoreError, sqlite3.Error)
 GONE_AFTER = 600.0  # a stored job slurmctld no longer lists is let go after this
 EPILOG_GRACE = 15.0  # how long a verdict waits for the nodes' epilog reports
 XID_SLACK = 120.0    # node clocks may lag the controller's by this much
@@ -162,7 +160,7 @@ class Watcher:
                 spec = specs.RecoverySpec(mode="monitor")
                 problem = str(exc)
                 log.warning("job=%s invalid --comment spec: %s", job.job_id, exc)
-            with self.store.lock, self.store.db.atomic():
+            with self.store.transaction():
                 pk = self.store.record_job(job, cluster, env=spec.env, mode=spec.mode or "",
                                            spec=spec.canonical())
                 self.store.record_attempt(pk, job)
@@ -239,7 +237,7 @@ class Watcher:
                     "%s, not %s); the stored job is gone", row["job_id"], job.submit_time,
                     row["submit_time"])
         try:
-            with self.store.lock, self.store.db.atomic():
+            with self.store.transaction():
                 self.store.add_event(row["id"], "id_reused",
                                      f"job id {row['job_id']} now belongs to another job "
                                      f"(submitted {job.submit_time}); this job is gone",
@@ -254,9 +252,7 @@ class Watcher:
         if now - self._seen_flushed < every or not self._listed_at:
             return
         self._seen_flushed = now
-        with self.store.lock, self.store.db.atomic():
-            self.store.db.conn.executemany("update jobs set last_seen = ? where id = ?",
-                                           [(t, pk) for pk, t in self._listed_at.items()])
+        self.store.touch_seen(self._listed_at)
 
     def _follow(self, row: dict, job: Job, now: float) -> None:
         """Start, renew or end the watch of one listed job."""
@@ -286,11 +282,8 @@ class Watcher:
             self._path_users[path] = self._path_users.get(path, 0) + 1
         self.watches[row["id"]] = watch
         if job.restart_count:
-            with self.store.lock:
-                self.store.db.execute(
-                    "update recommendations set running_again_at = ? where job = ? and "
-                    "attempt = ? and scope = 'job' and running_again_at is null",
-                    [float(job.start_time or now), row["id"], job.restart_count - 1])
+            self.store.mark_running_again(row["id"], job.restart_count - 1,
+                                          float(job.start_time or now))
         log.info("job=%s attempt=%s watching %s", job.job_id, job.restart_count,
                  ", ".join(sorted(watch.paths)))
 
@@ -309,11 +302,10 @@ class Watcher:
             return False
         if any(w.job_pk == job_pk and w.attempt == attempt for w, _, _ in self.closing):
             return False
-        done = self.store.db["events"].count_where(
-            "job = ? and attempt = ? and kind = 'verdict'", [job_pk, attempt])
+        done = report_rows.has_verdict(self.store, job_pk, attempt)
         if done:
             self._judged.add((job_pk, attempt))
-        return done == 0
+        return not done
 
     def _finish(self, watch: AttemptWatch, now: float, job: Job | None = None) -> None:
         found = []
@@ -430,7 +422,7 @@ class Watcher:
                    nodes: tuple[str, ...]) -> None:
         """One timeline line (and log line) per attempt and kind."""
         try:
-            with self.store.lock, self.store.db.atomic():
+            with self.store.transaction():
                 if report_rows.has_event(self.store, watch.job_pk, watch.attempt, kind):
                     return
                 self.store.add_event(watch.job_pk, kind, message, attempt=watch.attempt,
@@ -447,7 +439,7 @@ class Watcher:
         by policy), and go on the timeline. The verdict itself stands."""
         for row in report_rows.uncounted_after_verdict(self.store):
             fatal = self._late_fatal(row)
-            with self.store.lock, self.store.db.atomic():
+            with self.store.transaction():
                 if fatal:
                     self._late_strike(row, fatal)
                 report_rows.mark_counted(self.store, row["id"], now)
@@ -592,8 +584,7 @@ class Watcher:
     def _node_events(self, watch: AttemptWatch, now: float) -> list[Detection]:
         """Fatal XIDs the node hooks reported for this attempt."""
         events = []
-        rows = self.store.db["xids"].rows_where("job = ? and attempt = ?",
-                                               [watch.job_pk, watch.attempt])
+        rows = self.store.attempt_xids(watch.job_pk, watch.attempt)
         for row in rows:
             event = {"xid": row["xid"], "kind": row["kind"], "message": row["message"]}
             if not kmsg.is_fatal(event):
@@ -612,8 +603,7 @@ class Watcher:
         watch = self.watches.get(job_pk)
         if watch:
             self._finish(watch, self.clock())
-        with self.store.lock:
-            self.store.db["jobs"].update(job_pk, {"state": state})
+        self.store.set_job_state(job_pk, state)
 
     # -- lines and detectors -------------------------------------------------
     def report_lines(self, job_pk: int, attempt: int, report: dict) -> None:
@@ -805,7 +795,7 @@ class Watcher:
         newest = watch.ckpt.newest
         if newest is not None and newest != watch.saved_ckpt:
             try:
-                with self.store.lock, self.store.db.atomic():
+                with self.store.transaction():
                     self.store.set_attempt_checkpoint(watch.job_pk, watch.attempt, newest.path,
                                                       newest.step, newest.time)
                     self.store.add_event(watch.job_pk, "checkpoint",
@@ -830,7 +820,7 @@ class Watcher:
         if not todo:
             return
         try:
-            with self.store.lock, self.store.db.atomic():
+            with self.store.transaction():
                 for det, ts in todo:
                     self.store.record_detection(watch.job_pk, watch.attempt, det, ts=ts)
                     self.store.add_event(watch.job_pk, "detected",

@@ -242,9 +242,9 @@ class HyperscanEngine:
         expressions = [_widen(rule.regex).encode("utf-8") for rule in rules]
         expressions.append(re.escape(TRACEBACK_LITERAL).encode())
         self.traceback_id = len(rules)
-        self.db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        self.database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         try:
-            self.db.compile(expressions=expressions, ids=list(range(len(expressions))),
+            self.database.compile(expressions=expressions, ids=list(range(len(expressions))),
                             elements=len(expressions),
                             flags=[hyperscan.HS_FLAG_MULTILINE] * len(expressions))
         except hyperscan.error:
@@ -256,7 +256,7 @@ class HyperscanEngine:
         def on_match(rule: int, start: int, end: int, flags: int, context) -> None:
             hits.append((max(end - 1, 0), TRACEBACK if rule == self.traceback_id else rule))
 
-        self.db.scan(data, match_event_handler=on_match)
+        self.database.scan(data, match_event_handler=on_match)
         by_start: dict[int, set[int]] = {}
         for pos, rule in sorted(hits):
             by_start.setdefault(data.rfind(b"\n", 0, pos) + 1, set()).add(rule)

@@ -1,7 +1,11 @@
 """The agent's one SQLite file, through sqlite-utils, in WAL mode.
 
-Only this package touches SQLite. A job is keyed by (cluster, job id, submit
-time), so a job id reused after a slurmctld reset starts a fresh history.
+Only this package touches SQLite: every statement is a method of
+:class:`Store` (the queries beyond the core ones are grouped in :mod:`.jobs`,
+:mod:`.recs`, :mod:`.nodes` and :mod:`.counts`, mixed into it; the verdict's
+node-evidence queries are :mod:`.reports`). A job is keyed by (cluster, job
+id, submit time), so a job id reused after a slurmctld reset starts a fresh
+history.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import socket
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -22,9 +27,20 @@ from sqlite_utils.db import NotFoundError
 from ..errors import StoreError
 from ..scheduler.base import Job
 from . import files
+from .counts import CountQueries
+from .jobs import JobQueries
 from .migrations import MIGRATIONS, applied, migrate
+from .nodes import NodeQueries
+from .recs import RecQueries
 
-__all__ = ["Store", "StoreLock", "MIGRATIONS", "OPEN_STATUSES", "FINAL_STATUSES", "same_job"]
+__all__ = ["Store", "StoreLock", "MIGRATIONS", "OPEN_STATUSES", "FINAL_STATUSES", "same_job",
+           "Error", "DatabaseError", "STORE_ERRORS"]
+
+# SQLite's errors, for the callers that must tell a failing store from other
+# failures without importing sqlite3 themselves
+Error = sqlite3.Error
+DatabaseError = sqlite3.DatabaseError      # also a damaged or unreadable file
+STORE_ERRORS = (StoreError, sqlite3.Error)  # whatever a store write may raise
 
 # The recommendation lifecycle (DESIGN.md): proposed -> executing -> a final status.
 OPEN_STATUSES = ("proposed", "executing")
@@ -37,7 +53,7 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-class Store:
+class Store(JobQueries, RecQueries, NodeQueries, CountQueries):
     """Open (creating and migrating as needed) the store at ``path``.
 
     A new store file is made 0600 (see :mod:`.files`); an empty or damaged
@@ -98,6 +114,13 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator["Store"]:
+        """Hold the store lock and one transaction (a savepoint when one is
+        open already) around several store calls: all of them or none."""
+        with self.lock, self.db.atomic():
+            yield self
 
     @property
     def journal_mode(self) -> str:

@@ -1,0 +1,66 @@
+"""The store's queries on nodes and on the node hooks' reports (with their
+XIDs) beyond :meth:`Store.node` and :meth:`Store.set_node`; the verdict's wait
+for node evidence has its own in :mod:`.reports`."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from sqlite_utils import Database
+
+
+class NodeQueries:
+    """Mixed into :class:`~recovery_agent.store.Store`."""
+
+    db: Database
+
+    # -- nodes -----------------------------------------------------------------
+    def nodes(self) -> list[dict]:
+        """Every node the store knows, by name."""
+        return list(self.db["nodes"].rows_where(order_by="name"))
+
+    def drained_nodes(self) -> list[dict]:
+        """The nodes the agent drained (``drained_by_us``), in the table's order."""
+        return list(self.db["nodes"].rows_where("drained_by_us = 1"))
+
+    def held_back_nodes(self) -> list[dict]:
+        """The nodes the agent drained or an operator excluded from retries, in
+        the table's order."""
+        return list(self.db["nodes"].rows_where(
+            "drained_by_us = 1 or excluded_by_operator = 1"))
+
+    # -- the hooks' reports and their XIDs --------------------------------------
+    def report_by_id(self, report_id: str) -> dict | None:
+        """The stored report with the hook's own ``report_id``, if any."""
+        rows = list(self.db["node_reports"].rows_where("report_id = ?", [report_id], limit=1))
+        return rows[0] if rows else None
+
+    def add_report(self, row: Mapping[str, Any]) -> int:
+        """Insert one node report row; return its row id. The caller holds the
+        lock and a transaction with its XIDs."""
+        return self.db["node_reports"].insert(dict(row)).last_pk
+
+    def add_xid(self, row: Mapping[str, Any]) -> None:
+        """Insert one XID of a report; one already stored (same unique key) is
+        left as it is."""
+        self.db["xids"].insert(dict(row), ignore=True)
+
+    def node_report(self, pk: int) -> dict:
+        """One report row by row id (sqlite-utils' NotFoundError when none)."""
+        return self.db["node_reports"].get(pk)
+
+    def reports_since(self, node: str, since: float) -> list[dict]:
+        """A node's reports received at or after ``since``, oldest first."""
+        return list(self.db["node_reports"].rows_where(
+            "node = ? and received >= ?", [node, since], order_by="received"))
+
+    def report_xid_count(self, report_pk: int) -> int:
+        """How many XIDs a report carries."""
+        return self.db["xids"].count_where("report = ?", [report_pk])
+
+    def job_xids(self, job_pk: int) -> list[dict]:
+        """Every XID the hooks reported for a job, by id."""
+        return list(self.db["xids"].rows_where("job = ?", [job_pk], order_by="id"))
+
+    def attempt_xids(self, job_pk: int, attempt: int) -> list[dict]:
+        """The XIDs the hooks reported for one attempt, in the table's order."""
+        return list(self.db["xids"].rows_where("job = ? and attempt = ?", [job_pk, attempt]))
