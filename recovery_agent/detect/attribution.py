@@ -428,14 +428,16 @@ _QUOTA = re.compile(r"Disk quota exceeded|\[Errno 122\]|\bEDQUOT\b")
 _WRITE_FAILED = re.compile(r"PytorchStreamWriter failed writing|unexpected pos \d+ vs \d+"
                            r"|Input/output error|\[Errno 5\]|\bEIO\b")
 # cudaGetErrorString() of the errors a failing GPU causes as well as a bad kernel
-# (700, 719, 46, 214, 999; THC's old "cuda runtime error (N) : <string>" too)
+# (700, 719, 46, 214, 999, with the driver's CUDA_ERROR_* names; THC's old
+# "cuda runtime error (N) : <string>" too)
 _GPU_MAYBE = (("illegal_address", re.compile(r"an illegal memory access was encountered"
                                              r"|cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS")),
               ("launch_failure", re.compile(r"unspecified launch failure|cudaErrorLaunchFailure"
                                             r"|CUDA_ERROR_LAUNCH_FAILED")),
               ("ecc", re.compile(r"uncorrectable ECC error encountered|cudaErrorECCUncorrectable"
                                  r"|CUDA_ERROR_ECC_UNCORRECTABLE")),
-              ("busy", re.compile(r"busy or unavailable|cudaErrorDevicesUnavailable")),
+              ("busy", re.compile(r"busy or unavailable|cudaErrorDevicesUnavailable"
+                                  r"|CUDA_ERROR_DEVICE_UNAVAILABLE")),
               ("unknown", re.compile(r"\bunknown error\b|cudaErrorUnknown|CUDA_ERROR_UNKNOWN")))
 # c10d's TCPStore, its socket and the rendezvous on top (torch/csrc/distributed/c10d,
 # torch/distributed/elastic/rendezvous): the store host, not a node's fabric. The

@@ -76,11 +76,16 @@ def depends(deb: Path) -> list[str]:
 
 
 def listing(root: Path) -> set[str]:
+    """Every path under the chroot outside NOISE, whose trees are not even
+    walked (a mounted /proc changes, and errors, under a walk)."""
     out = set()
-    for path in root.rglob("*"):
-        rel = "/" + str(path.relative_to(root))
-        if not rel.startswith(NOISE) and not rel.endswith(".pyc") and "__pycache__" not in rel:
-            out.add(rel)
+    for top, dirs, files in os.walk(root):
+        rel_top = "/" + os.path.relpath(top, root) if top != str(root) else ""
+        dirs[:] = [d for d in dirs if not f"{rel_top}/{d}".startswith(NOISE)]
+        for name in [*dirs, *files]:
+            rel = f"{rel_top}/{name}"
+            if not rel.startswith(NOISE) and not rel.endswith(".pyc") and "__pycache__" not in rel:
+                out.add(rel)
     return out
 
 
