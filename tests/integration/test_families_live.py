@@ -236,3 +236,33 @@ def test_a_watchdog_timeout_after_the_training_finished_is_not_requeued(act_agen
     assert '"action": "none"' in verdict[0][0]
     assert [r for r in recs(act_agent, row[0], "job") if r["action"] != "none"] == []
     assert devcluster.scheduler().get_job(job_id).restart_count == 0
+
+
+def test_a_cuda_error_that_follows_the_job_onto_other_nodes_is_stopped(act_agent, submit,
+                                                                     devcluster, tmp_path,
+                                                                     cleanup):
+    """Reasoning across attempts. An illegal address may be the GPU: the first
+    time it is requeued. An admin drains the node it ran on meanwhile, so the
+    retry runs elsewhere; the same error there follows the job: it is the code,
+    stopped on its second time, saying why."""
+    sched = devcluster.scheduler()
+    go = tmp_path / "go"
+    script = (f'if [ "${{SLURM_RESTART_COUNT:-0}}" -eq 0 ]; then {printing(ILLEGAL_ADDRESS, wait_for_file=str(go))}; '
+              f'else {printing(ILLEGAL_ADDRESS)}; fi')
+    job_id = submit("-N1", "--requeue", "--open-mode=append", "--recovery=act",
+                    "-o", "family-%j.out", script=script)
+    job = wait_for(lambda: (j := job_now(sched, job_id)) and j.state == "RUNNING" and j, 60,
+                   f"job {job_id} RUNNING")
+    (first,) = job.nodes
+    cleanup.append((first, act_agent))
+    sched.drain_node(first, "test: the retry must run on another node")
+    go.touch()
+    row = wait_for(lambda: job_row(act_agent, job_id), 30, f"job {job_id} registered")
+    rec = final_rec(act_agent, row[0], attempt=0)
+    assert (rec["action"], rec["status"], rec["exclude"]) == ("requeue", "done", [])
+    second = final_rec(act_agent, row[0], timeout=90, attempt=1)
+    assert (second["action"], second["rule"]) == ("stop", "recurring")
+    ran = act_agent.query("select nodes from attempts where job = ? and attempt = 1", row[0])
+    assert first not in json.loads(ran[0][0])
+    reason = reason_of(act_agent, second["id"])
+    assert "follows the job" in reason and first in reason

@@ -8,20 +8,9 @@ kernel_gpu.toml cites (a thread, or a find_string id for a quoted kernel log).
 """
 from __future__ import annotations
 
-import pytest
-
 from recovery_agent.detect.attribution import attribute
 from recovery_agent.detect.patterns import load_rules
-from recovery_agent.detect.scanner import Scanner
-
-
-@pytest.fixture(scope="module")
-def scanner() -> Scanner:
-    return Scanner(load_rules(), engine="re")
-
-
-def rules_of(scanner: Scanner, lines: list[str]) -> set[str]:
-    return {d.rule for d in scanner.scan_lines(lines)}
+from tests.unit.packs import rules_of, scanner  # noqa: F401 (scanner: a fixture)
 
 
 def assert_node_excluded(dets, category: str, pci: str) -> None:
