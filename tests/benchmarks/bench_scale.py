@@ -132,13 +132,13 @@ def run_size(n: int, cycles: int, active: int, out: multiprocessing.Queue,
     from recovery_agent.logs.tail import SqliteCursorStore, Tailer
     from recovery_agent.scheduler.cli_backend import CliScheduler
     from recovery_agent.scheduler.runner import SlurmRunner
-    from recovery_agent import watch as watch_mod
+    from recovery_agent.watch import verdicts as watch_verdicts
     from recovery_agent.store import Store
     from recovery_agent.watch import Watcher
 
     # no node hooks run here: a failed job is judged 1 s after it ends, not after
     # the 15 s wait for epilog reports, so its decision falls in the measured cycles
-    watch_mod.EPILOG_GRACE = 1.0
+    watch_verdicts.EPILOG_GRACE = 1.0
 
     tmp = Path(tempfile.mkdtemp(prefix=f"recovery-scale-{n}-"))
     logs = tmp / "logs"

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from recovery_agent.detect.attribution import (AttributionContext, PriorAttempt,
                                                all_detections, attribute,
-                                               context_from_lines, parse_layout)
+                                               context_from_lines, parse_layout,
+                                               straggler_verdict)
 from recovery_agent.detect.model import Detection, Evidence, Verdict
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
@@ -135,3 +136,26 @@ def test_info_lines_alone_decide_nothing():
     verdict = _verdict(["slurmstepd: error: *** JOB 5 ON n1 CANCELLED AT 2025-01-01T00:00:00 ***"])
     assert (verdict.category, verdict.action, verdict.reason) == (
         None, "none", "only informational lines")
+
+
+def _straggler(host: str | None, rank: int) -> Detection:
+    return Detection(rule="straggler", category="interconnect", severity="warning",
+                     action_hint="none", host=host, rank=rank,
+                     detail=f"rank {rank} on {host} is slow" if host else f"rank {rank} is slow")
+
+
+def test_a_straggler_blames_the_slow_hosts_and_rests_on_the_new_detections():
+    earlier = SCANNER.scan_lines([TIMEOUT.format(r=0)])
+    slow = [_straggler("gpu-a03", 5), _straggler(None, 6), _straggler("gpu-a04", 7)]
+    verdict = straggler_verdict(earlier + slow, slow)
+    assert verdict == Verdict(blame="node", category="straggler", action="kill_requeue",
+                              confidence=0.6, nodes=("gpu-a03", "gpu-a04"),
+                              rests_on=(1, 2, 3), reason="rank 5 on gpu-a03 is slow")
+
+
+def test_a_straggler_on_no_named_host_blames_no_node():
+    slow = [_straggler(None, 2)]
+    verdict = straggler_verdict(slow, slow)
+    assert (verdict.blame, verdict.nodes, verdict.rests_on, verdict.action) == (
+        "unknown", (), (0,), "kill_requeue")
+    assert verdict.reason == "rank 2 is slow"

@@ -149,12 +149,13 @@ def test_entry_point_provider(monkeypatch):
 
 def test_the_watcher_records_whose_verdict_acted(tmp_path, monkeypatch):
     from recovery_agent import watch as watch_mod
+    from recovery_agent.watch import verdicts as watch_verdicts
     from recovery_agent.detect.patterns import load_rules
     from recovery_agent.detect.scanner import Scanner
     from recovery_agent.logs.tail import MemoryCursorStore, Tailer
     from recovery_agent.scheduler.base import Job
     from recovery_agent.store import Store
-    monkeypatch.setattr(watch_mod, "EPILOG_GRACE", 0.0)
+    monkeypatch.setattr(watch_verdicts, "EPILOG_GRACE", 0.0)
     out = tmp_path / "job.out"
     out.write_text("step 1\n")
 

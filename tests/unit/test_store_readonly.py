@@ -15,7 +15,7 @@ import subprocess
 import pytest
 from fastapi.testclient import TestClient
 
-from recovery_agent import watch as watch_mod
+from recovery_agent.watch import verdicts as watch_verdicts
 from recovery_agent.api import create_app
 from recovery_agent.config import from_mapping
 from recovery_agent.decide import Decider
@@ -48,7 +48,7 @@ def remount(disk, mode: str) -> None:
 
 @pytest.fixture
 def rig(tmp_path, monkeypatch):
-    monkeypatch.setattr(watch_mod, "EPILOG_GRACE", 0.0)   # no epilog reports come here
+    monkeypatch.setattr(watch_verdicts, "EPILOG_GRACE", 0.0)   # no epilog reports come here
     disk = tmp_path / "disk"
     disk.mkdir()
     cfg = from_mapping({"agent": {"cluster": "c1"},
@@ -107,7 +107,7 @@ def test_read_only_store_waits_in_memory_then_catches_up(tmp_path, rig):
 def test_pending_verdicts_are_bounded_and_drops_are_counted(tmp_path, rig, monkeypatch,
                                                             caplog):
     disk, store, listing, watcher, client = rig
-    monkeypatch.setattr(watch_mod, "MAX_PENDING_VERDICTS", 2)
+    monkeypatch.setattr(watch_verdicts, "MAX_PENDING_VERDICTS", 2)
     failing_jobs(tmp_path, listing, watcher, [1, 2, 3, 4])
     remount(disk, "ro")
     assert watcher.run_once() is False

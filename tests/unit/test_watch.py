@@ -291,7 +291,7 @@ RANK0_LINE = ("[rank0]:[E1012 11:34:10.718322889 ProcessGroupNCCL.cpp:1515] [PG 
 def test_the_verdict_knows_the_layout_the_log_states(tmp_path, monkeypatch):
     """The agent's verdict gets the rank -> host map the job's own log states,
     as `patterns score` does offline: a rank-prefixed error names its node."""
-    import recovery_agent.watch as watch_module
+    import recovery_agent.watch.verdicts as watch_module
     seen = []
     real = watch_module.attribute
     monkeypatch.setattr(watch_module, "attribute",

@@ -1,4 +1,5 @@
-"""The watch loop's side of the external sources (:mod:`recovery_agent.sources`).
+"""The sources feed: the watch loop's side of the external sources
+(:mod:`recovery_agent.sources`).
 
 Each cycle the watcher hands over its running attempts and gets back
 detections per attempt: the metrics source's own (XIDs, ECC, NVLink, a GPU
@@ -18,16 +19,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
-from .detect.model import Detection
-from .detect.scanner import Scanner, ScanStream
-from .sources import JobFindings, JobRef, LogLine, SourcePoller
+from ..detect.model import Detection
+from ..detect.scanner import Scanner, ScanStream
+from ..sources import JobFindings, JobRef, LogLine, SourcePoller
+from .attempt import AttemptWatch
 
-if TYPE_CHECKING:
-    from .watch import AttemptWatch
-
-log = logging.getLogger(__name__)
+log = logging.getLogger("recovery_agent.watch_sources")   # its name before the move
 
 
 @dataclass
@@ -50,7 +49,7 @@ class SourceFeed:
         self._attempts: dict[str, _Attempt] = {}    # by AttemptWatch.key
 
     # -- running attempts ------------------------------------------------------------
-    def poll_running(self, watches: Sequence["AttemptWatch"], now: float
+    def poll_running(self, watches: Sequence[AttemptWatch], now: float
                      ) -> dict[str, list[Detection]]:
         """New detections per attempt key (each source only when it is due)."""
         refs = [JobRef(w.job_id, tuple(w.nodes), since=w.started, hang=w.hang.hang)
@@ -66,7 +65,7 @@ class SourceFeed:
         return now >= ended + self.settle or not any(
             s.health.up for s in self.poller.sources)
 
-    def last_look(self, watch: "AttemptWatch", ended: float, now: float
+    def last_look(self, watch: AttemptWatch, ended: float, now: float
                   ) -> list[Detection] | None:
         """Detections from one final poll of an ended attempt (its scan streams
         flushed), or None while the sources may not have its end yet."""
@@ -87,7 +86,7 @@ class SourceFeed:
                 log.exception("sources: job=%s flushing a log stream failed", watch.job_id)
         return out
 
-    def done(self, watch: "AttemptWatch", job_still_watched: bool) -> None:
+    def done(self, watch: AttemptWatch, job_still_watched: bool) -> None:
         """The attempt is judged: drop its streams, and the job's cursors unless
         a newer attempt of the same job is being followed already."""
         self._attempts.pop(watch.key, None)
@@ -122,7 +121,7 @@ class SourceFeed:
             log.exception("sources: poll failed; this cycle goes on without them")
             return {}
 
-    def _detections(self, watch: "AttemptWatch", found: JobFindings) -> list[Detection]:
+    def _detections(self, watch: AttemptWatch, found: JobFindings) -> list[Detection]:
         # metrics are the nodes' own (DCGM, NVML exporters): node-level evidence
         out = [replace(d, origin="system") for d in found.detections]
         if not found.lines:

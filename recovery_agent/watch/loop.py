@@ -1,0 +1,269 @@
+"""The watch loop and job sync: one cycle, the registration of jobs that opted
+in through ``--comment``, the scheduler's listing matched to the stored jobs
+(state changes, a job gone, a job id reused), and the loop that runs cycles.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from slurm_hooks import spec as specs
+
+from ..config import Config
+from ..detect.scanner import Scanner
+from ..errors import RecoveryError, StoreError
+from ..logs.tail import Tailer
+from ..scheduler.base import FINISHED_STATES, Job, Scheduler
+from ..store import STORE_ERRORS, Store, same_job
+from .attempt import AttemptLines, AttemptWatch
+from .feed import SourceFeed
+from .running import RunningChecks
+from .verdicts import Verdicts
+
+log = logging.getLogger("recovery_agent.watch")   # one logger for the loop, as before its split
+SEEN_FLUSH_EVERY = 60.0  # unchanged jobs' last_seen is written this often
+GONE_AFTER = 600.0  # a stored job slurmctld no longer lists is let go after this
+# a job the agent let go (GONE) is as over as one Slurm finished: not re-read each cycle
+ENDED_STATES = FINISHED_STATES | {"GONE"}
+
+
+class Watcher(AttemptLines, RunningChecks, Verdicts):
+    """``sources``: a :class:`~recovery_agent.sources.SourcePoller` over the
+    configured external sources, or None (off).
+
+    The loop and job sync are here; the other parts, by role, are the bases:
+    :class:`~recovery_agent.watch.attempt.AttemptLines` (an attempt's output),
+    :class:`~recovery_agent.watch.running.RunningChecks` (detectors on a
+    running attempt), :class:`~recovery_agent.watch.verdicts.Verdicts`. They
+    share the state made here (the watches, the queue of ended attempts, the
+    cycle's first store failure), one cycle's, so they are parts of one object
+    rather than objects of their own."""
+
+    def __init__(self, cfg: Config, store: Store, scheduler: Scheduler, scanner: Scanner,
+                 tailer: Tailer, clock=time.time, decider=None, sources=None,
+                 provider=None) -> None:
+        self.cfg, self.store, self.scheduler = cfg, store, scheduler
+        self.decider = decider
+        self.provider = provider   # a site attribution provider (detect.provider)
+        self.scanner, self.tailer, self.clock = scanner, tailer, clock
+        self.sources: SourceFeed | None = None
+        if sources is not None:
+            self.sources = SourceFeed(sources, scanner, settle=cfg.sources.ingest_delay
+                                      + cfg.sources.prometheus_step)
+            store.health["sources"] = self.sources.counters()
+        self.watches: dict[int, AttemptWatch] = {}   # by job row id
+        self.closing: list[tuple[AttemptWatch, Job | None, float]] = []
+        # hang/straggler decisions the store refused: (job pk, attempt) -> args
+        self._pending_decisions: dict[tuple[int, int], tuple] = {}
+        self._deferred: Exception | None = None
+        self._report_lines: list[tuple[int, int, dict]] = []
+        self._report_lock = threading.Lock()
+        self.cycles = 0
+        self.detections = 0
+        # per-cycle work proportional to what changed, not to what is tracked:
+        self._stored: dict[int, tuple] = {}       # job row -> what was last written
+        self._listed_at: dict[int, float] = {}    # job row -> last time squeue listed it
+        self._judged: set[tuple[int, int]] = set()  # (job row, attempt) with a verdict
+        self._known: set[tuple[str, int]] = set()   # (job id, submit time) registered
+        self._seen_flushed = 0.0
+        self._path_users: dict[str, int] = {}       # followed path -> watches using it
+        self._node_map: tuple[float, dict[str, str]] = (float("-inf"), {})
+
+    def cycle(self) -> int:
+        """Run one cycle; return how many detections it stored."""
+        now = self.clock()
+        listing = {j.job_id: j for j in self.scheduler.list_jobs()}
+        # array tasks a hook stored under their numeric id take the scheduler's name
+        for j in listing.values():
+            if j.array_task_id is not None:
+                self.store.adopt_printable_id(self.cfg.agent.cluster, j)
+        self._register_comment_jobs(listing.values())
+        self._deferred: Exception | None = None
+        self._sync(listing, now)
+        found = self._scan(now)
+        found += self._poll_sources(listing, now)
+        found += self._check(listing, now)
+        self._close_attempts(now)
+        self.cycles += 1
+        self.detections += len(found)
+        if self._deferred is not None:
+            raise self._deferred
+        return len(found)
+
+    def _register_comment_jobs(self, jobs) -> None:
+        cluster = self.cfg.agent.cluster
+        for job in jobs:
+            key = (job.job_id, job.submit_time or 0)
+            if key in self._known:
+                continue
+            raw = specs.from_comment(job.comment)
+            if raw is None or job.is_finished or job.array_task_spec:
+                continue
+            if self.store.match_job(cluster, job):
+                self._known.add(key)
+                continue
+            problem = None
+            try:
+                spec = specs.parse(raw)
+            except specs.SpecError as exc:
+                spec = specs.RecoverySpec(mode="monitor")
+                problem = str(exc)
+                log.warning("job=%s invalid --comment spec: %s", job.job_id, exc)
+            with self.store.transaction():
+                pk = self.store.record_job(job, cluster, env=spec.env, mode=spec.mode or "",
+                                           spec=spec.canonical())
+                self.store.record_attempt(pk, job)
+                self.store.add_event(pk, "registered", "registered from --comment by the "
+                                     "scheduler poll", attempt=job.restart_count,
+                                     source="poller")
+                if problem:   # on the timeline too, as the hooks do for --recovery
+                    self.store.note_invalid_spec(pk, raw, problem, job.restart_count,
+                                                 "poller")
+            self._known.add(key)   # only once it is stored: a failed write is retried
+
+    def _sync(self, listing: dict[str, Job], now: float) -> None:
+        """Start, renew or end the watch of every tracked job."""
+        cluster = self.cfg.agent.cluster
+        # last_seen in the store may lag the memory by a flush interval
+        since = now - GONE_AFTER - 2 * SEEN_FLUSH_EVERY
+        for row in self.store.watch_rows(cluster, ENDED_STATES, since):
+            job = listing.get(row["job_id"])
+            if job is not None and not same_job(row, job):
+                # the id names another job now (slurmctld lost its state and
+                # counts again): this job is gone (once), and nothing of it
+                # passes on; checked before an ended, judged job is passed over
+                self._reused(row, job)
+                continue
+            last_seen = max(row["last_seen"] or 0, self._listed_at.get(row["id"], 0))
+            if row["state"] in ENDED_STATES and (
+                    now - last_seen > GONE_AFTER
+                    or not self._needs_verdict(row["id"], row["restart_count"])):
+                continue
+            if job is None:
+                if now - (last_seen or now) > GONE_AFTER:
+                    self._end(row["id"], "GONE")
+                continue
+            self._listed_at[row["id"]] = now
+            stored = (job.state, job.restart_count, job.nodes, job.batch_host, job.start_time,
+                      job.end_time, job.exit_code, job.exit_signal, job.submit_time, job.name,
+                      job.user)
+            if self._stored.get(row["id"]) == stored and row["state"] == job.state:
+                self._follow(row, job, now)
+                continue
+            self._record(row, job, stored)
+            self._follow(row, job, now)
+        self._flush_last_seen(now)
+
+    def _record(self, row: dict, job: Job, stored: tuple) -> None:
+        """Write a listed job's changes (and its state change, for the timeline)."""
+        cluster = self.cfg.agent.cluster
+        try:
+            with self.store.lock:
+                # env, mode and spec stay as the job's own directive registered
+                # them (its identity is checked in _sync): never another job's
+                self.store.record_job(job, cluster, env=row["env"], mode=row["mode"],
+                                      spec=row["spec"])
+                self.store.record_attempt(row["id"], job)
+                seen = (row["state"], row["restart_count"])
+                if seen != (job.state, job.restart_count) and row["state"] != "UNKNOWN":
+                    # Slurm's state changes, for the timeline
+                    self.store.add_event(row["id"], "slurm_state",
+                                         f"{row['state']} -> {job.state}"
+                                         + (f" ({job.reason})" if job.reason and
+                                            job.reason != "None" else ""),
+                                         attempt=job.restart_count, source="poller")
+        except STORE_ERRORS as exc:
+            # written again next cycle; the watch itself goes on, so an
+            # attempt that ended is still judged (its verdict waits in
+            # memory until the store takes it)
+            self._defer(exc)
+        else:
+            self._stored[row["id"]] = stored   # written: unchanged listings skip it
+
+    def _reused(self, row, job: Job) -> None:
+        """A stored job whose id Slurm now gives to another job: its watch ends
+        and its row is marked gone, once, with a line on its timeline."""
+        self._stored.pop(row["id"], None)
+        self._listed_at.pop(row["id"], None)
+        if row["state"] == "GONE":
+            return
+        log.warning("job=%s: slurmctld now lists another job under this id (submitted "
+                    "%s, not %s); the stored job is gone", row["job_id"], job.submit_time,
+                    row["submit_time"])
+        try:
+            with self.store.transaction():
+                self.store.add_event(row["id"], "id_reused",
+                                     f"job id {row['job_id']} now belongs to another job "
+                                     f"(submitted {job.submit_time}); this job is gone",
+                                     source="poller")
+            self._end(row["id"], "GONE")
+        except STORE_ERRORS as exc:
+            self._defer(exc)
+
+    def _flush_last_seen(self, now: float, every: float = SEEN_FLUSH_EVERY) -> None:
+        """Jobs listed but unchanged are not rewritten each cycle; their
+        last_seen is brought up to date in one statement now and then."""
+        if now - self._seen_flushed < every or not self._listed_at:
+            return
+        self._seen_flushed = now
+        self.store.touch_seen(self._listed_at)
+
+    def _follow(self, row: dict, job: Job, now: float) -> None:
+        """Start, renew or end the watch of one listed job."""
+        watch = self.watches.get(row["id"])
+        if job.is_finished:
+            if watch:
+                self._finish(watch, now, job)
+            elif self._needs_verdict(row["id"], job.restart_count):
+                # it ran and ended between two polls: read its output this
+                # cycle, judge it next cycle (with the node reports)
+                self._start(row, job, now)
+            return
+        if watch is not None and watch.attempt != job.restart_count:
+            self._finish(watch, now, job)  # requeued: that attempt is over
+            watch = None
+        if job.state == "RUNNING" and watch is None:
+            self._start(row, job, now)
+
+    def _end(self, job_pk: int, state: str) -> None:
+        watch = self.watches.get(job_pk)
+        if watch:
+            self._finish(watch, self.clock())
+        self.store.set_job_state(job_pk, state)
+
+    def _defer(self, exc: Exception) -> None:
+        """Remember the first store failure of this cycle; the cycle goes on
+        (in memory) and reports it at the end, so /healthz turns red."""
+        if self._deferred is None:
+            self._deferred = exc if isinstance(exc, StoreError) else StoreError(
+                f"store write failed: {exc}")
+
+    def run_once(self) -> bool:
+        """One cycle that never raises; the outcome goes to ``store.health``,
+        which /healthz and /metrics read (a full or read-only store shows there,
+        loudly, while the agent keeps running and retries)."""
+        health = self.store.health
+        try:
+            self.cycle()
+            self.store.set_state("heartbeat", {"time": self.clock(), "cycles": self.cycles})
+        except Exception as exc:  # noqa: BLE001 - the loop must outlive any one bad cycle
+            if isinstance(exc, RecoveryError):
+                log.warning("watch cycle failed: %s", exc)
+            else:
+                log.exception("watch cycle crashed; carrying on")
+            health.update(error=f"{type(exc).__name__}: {exc}"[:500], error_at=self.clock(),
+                          errors=health.get("errors", 0) + 1)
+            return False
+        if health.get("error"):
+            log.info("watch cycle healthy again after: %s", health["error"])
+        health.update(error=None, ok_at=self.clock())
+        return True
+
+    def run_forever(self, stop: threading.Event) -> None:
+        interval = self.cfg.agent.poll_interval
+        while not stop.is_set():
+            started = time.monotonic()
+            self.run_once()
+            stop.wait(max(0.0, interval - (time.monotonic() - started)))
+        self.tailer.close()
