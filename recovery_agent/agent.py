@@ -8,31 +8,29 @@ import sys
 import threading
 
 import click
+import uvicorn
 
+from .actuator import Actuator
+from .api import create_app
 from .config import Config, load
+from .decide import Decider
+from .detect.patterns import load_rules
+from .detect.provider import from_config as attribution_provider
+from .detect.scanner import Scanner
 from .errors import RecoveryError
 from .ingest import Ingest
 from .jobcache import JobCache
-from .scheduler import Scheduler, select_scheduler
-from .scheduler.runner import SlurmRunner
-from .store import Store, StoreLock
+from .logs.tail import SqliteCursorStore, Tailer
+from .scheduler import Scheduler, scheduler_for
+from .sources import SourcePoller, build_sources
+from .store import Store, StoreLock, files
+from .watch import Watcher
 
 log = logging.getLogger("recovery_agent")
 
 
-def scheduler_for(cfg: Config) -> Scheduler | None:
-    runner = SlurmRunner.from_config(cfg.scheduler)
-    try:
-        return select_scheduler(cfg.scheduler.backend, runner)
-    except RecoveryError as exc:
-        log.warning("no scheduler backend: %s", exc)
-        return None
-
-
 def load_scanner(cfg: Config):
     """The scanner with the shipped and the site's packs (a bad pack is an error now)."""
-    from .detect.patterns import load_rules
-    from .detect.scanner import Scanner
     site = [cfg.agent.patterns_dir] if cfg.agent.patterns_dir else []
     return Scanner(load_rules(site))
 
@@ -41,7 +39,6 @@ def source_poller(cfg: Config, scanner):
     """A poller over the external sources the config names (GPU metrics, log
     stores), or None when it names none. Raises ConfigError for an unreadable
     credentials file."""
-    from .sources import SourcePoller, build_sources
     sources = build_sources(cfg, scanner.rules)
     if not sources:
         return None
@@ -57,11 +54,6 @@ def start_watch(cfg: Config, store: Store, sched: Scheduler, ingest: Ingest,
     event to stop them. ``sources``: a SourcePoller (see :func:`source_poller`);
     ``fence``: says why this agent may no longer act (see :func:`fence_for`);
     ``on_step``: the actuator's step seam (tests only)."""
-    from .actuator import Actuator
-    from .decide import Decider
-    from .logs.tail import SqliteCursorStore, Tailer
-    from .watch import Watcher
-
     scanner = scanner or load_scanner(cfg)
     actuator = Actuator(cfg, store, sched, fence=fence, on_step=on_step)
     decider = Decider(cfg, store, sched)
@@ -70,7 +62,6 @@ def start_watch(cfg: Config, store: Store, sched: Scheduler, ingest: Ingest,
                     max_backlog=cfg.agent.log_max_backlog_mb << 20,
                     keep_tail=cfg.agent.log_keep_mb << 20,
                     time_budget=cfg.agent.poll_interval / 2)
-    from .detect.provider import from_config as attribution_provider
     watcher = Watcher(cfg, store, sched, scanner, tailer, decider=decider, sources=sources,
                       provider=attribution_provider(cfg))
     ingest.log_listeners.append(watcher.report_lines)
@@ -104,7 +95,6 @@ def open_store(cfg: Config, lock: StoreLock) -> Store:
     every user's jobs; a looser one is tightened before it is opened, so that
     SQLite makes its -wal and -shm private too) and checked: an empty or
     damaged store is refused with what to do."""
-    from .store import files
     try:
         files.make_directory(cfg.store_path)
         lock.acquire()
@@ -165,9 +155,6 @@ def main(ctx: click.Context, config_path: str | None, bind: str | None, port: in
     lock = StoreLock(cfg.store_path)
     store = open_store(cfg, lock)
     fence = fence_for(cfg, store, lock)
-    import uvicorn
-
-    from .api import create_app
     sched = scheduler_for(cfg)
     ingest = Ingest(store, cfg.agent.cluster, JobCache(sched) if sched is not None else None)
     app = create_app(cfg, ingest)
@@ -176,7 +163,6 @@ def main(ctx: click.Context, config_path: str | None, bind: str | None, port: in
         try:
             scanner = load_scanner(cfg)
             sources = source_poller(cfg, scanner)
-            from .detect.provider import from_config as attribution_provider
             attribution_provider(cfg)   # a missing entry point or token file: say so now
         except (RecoveryError, ValueError, OSError) as exc:
             raise click.ClickException(str(exc)) from None

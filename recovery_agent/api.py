@@ -11,7 +11,9 @@ sent by a host without the cluster's munge key. Answers:
 """
 from __future__ import annotations
 
+import json
 import logging
+import tempfile
 import threading
 
 from fastapi import FastAPI, HTTPException, Request
@@ -19,9 +21,11 @@ from fastapi.responses import JSONResponse
 
 from slurm_hooks import munge
 
+from . import api_v1
 from .api_v1 import read_body
 from .config import Config
 from .ingest import HOOKS, Ingest, ReportError, parse_body
+from .store import Store
 
 log = logging.getLogger(__name__)
 MAX_BODY = 4 * 1024 * 1024
@@ -46,7 +50,6 @@ def create_app(cfg: Config, ingest: Ingest) -> FastAPI:
     counters = Counters()
     app.state.counters = counters
     app.state.ingest = ingest
-    from . import api_v1
     api_v1.register(app, cfg, ingest.store, counters)
 
     def refuse(status: int, reason: str, hook: str) -> JSONResponse:
@@ -101,9 +104,6 @@ def create_app(cfg: Config, ingest: Ingest) -> FastAPI:
 
 def openapi_spec() -> dict:
     """The API's OpenAPI document, as checked in at docs/openapi.json."""
-    import tempfile
-
-    from .store import Store
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(f"{tmp}/spec.db")
         try:
@@ -113,5 +113,4 @@ def openapi_spec() -> dict:
 
 
 if __name__ == "__main__":   # python -m recovery_agent.api > docs/openapi.json
-    import json
     print(json.dumps(openapi_spec(), indent=1, sort_keys=True))

@@ -28,7 +28,9 @@ from fastapi.responses import JSONResponse, Response
 
 from slurm_hooks import munge
 
+from . import console
 from .config import Config
+from .metrics import render as render_metrics
 from .service import Caller, Service, ServiceError, role_of
 from .store import DatabaseError, Store
 
@@ -174,7 +176,6 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
             raise HTTPException(400, "body must be a JSON object")
         return role_of(cfg, uid), data
 
-    from . import console
     console.register(app, service, readable)
 
     # -- health and metrics ----------------------------------------------------
@@ -203,8 +204,7 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
     def metrics(request: Request) -> Response:
         """Prometheus text format."""
         readable(request)
-        from .metrics import render
-        body, content_type = render(store, counters)
+        body, content_type = render_metrics(store, counters)
         return Response(body, media_type=content_type)
 
     # -- jobs ------------------------------------------------------------------

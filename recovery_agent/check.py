@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from .config import Config
+from .detect.patterns import load_rules
 from .errors import RecoveryError
+from .scheduler import probe_all, select_scheduler
 from .scheduler.runner import SlurmRunner
+from .sources import build_sources, check_sources
+from .store import Store
 
 HOOK_KEYS = {"Prolog": "recovery-prolog", "Epilog": "recovery-epilog",
              "HealthCheckProgram": "recovery-healthcheck"}
@@ -90,14 +95,12 @@ def run_checks(cfg: Config) -> list[Result]:
     results = [Result("config", True, cfg.source or "built-in defaults (no file)")]
     # the store
     try:
-        from .store import Store
         with Store(cfg.store_path) as store:
             results.append(Result("store", True, f"{cfg.store_path} "
                                   f"({len(store.applied_migrations())} migrations)"))
     except RecoveryError as exc:
         results.append(Result("store", False, str(exc)))
     # Slurm
-    from .scheduler import probe_all
     probes = probe_all(_runner(cfg))
     viable = [p for p in probes if p.viable]
     wanted = cfg.scheduler.backend
@@ -134,7 +137,6 @@ def run_checks(cfg: Config) -> list[Result]:
                               f"{exc}" + (" (api.auth = none: not needed)"
                                           if cfg.api.auth == "none" else "")))
     # the agent
-    import urllib.request
     host = cfg.api.bind if cfg.api.bind not in ("0.0.0.0", "::") else "127.0.0.1"
     url = f"http://{host}:{cfg.api.port}/v1/health"
     try:
@@ -144,7 +146,6 @@ def run_checks(cfg: Config) -> list[Result]:
         results.append(Result("agent", False, f"{url}: {getattr(exc, 'reason', exc)}"))
     # patterns and paths
     try:
-        from .detect.patterns import load_rules
         rules = load_rules([cfg.agent.patterns_dir] if cfg.agent.patterns_dir else [])
         results.append(Result("patterns", True, f"{len(rules)} rules"
                               + (f" (site packs from {cfg.agent.patterns_dir})"
@@ -189,13 +190,11 @@ def check_sources_of(cfg: Config, scheduler=None, store=None,
     store being unavailable narrows the check, with a note, but does not fail
     it. Raises ConfigError when a credentials file cannot be read.
     """
-    from .sources import build_sources, check_sources
     sources = build_sources(cfg)
     if not sources:
         return SourcesReport([], [], {}, [])
     notes: list[str] = []
     if scheduler is None:
-        from .scheduler import select_scheduler
         try:
             scheduler = select_scheduler(cfg.scheduler.backend, _runner(cfg))
         except RecoveryError as exc:
@@ -231,7 +230,6 @@ def _running_jobs(cfg: Config, scheduler, store, notes: list[str]) -> dict[str, 
 
 
 def _store_running_ids(cfg: Config, store, notes: list[str]) -> list[str]:
-    from .store import Store
     cluster = cfg.agent.cluster
     if store is not None:
         return [r["job_id"] for r in store.jobs("RUNNING") if r["cluster"] == cluster]

@@ -19,6 +19,7 @@ from .detect.model import Detection, Verdict
 from .detect.patterns import load_rules
 from .detect.scanner import MAX_LINE, Scanner
 from .errors import RecoveryError
+from .scheduler import scheduler_for
 
 CHUNK = 16 << 20
 
@@ -848,7 +849,6 @@ def _watchdog_pass(cfg, store) -> None:
     import time as _time
 
     from .actuator import Actuator
-    from .agent import scheduler_for
     sched = scheduler_for(cfg)
     if sched is None:
         raise click.ClickException("watchdog: no usable Slurm backend (see the log line above)")
@@ -971,7 +971,6 @@ def report(since, until, config_path, db_path, as_json) -> None:
     Example:
         recovery-ctl report --since 14d
     """
-    from .agent import scheduler_for
     from .report import build
     client = Client(config_path, db_path, None, readonly=True)
     if client.service is None:

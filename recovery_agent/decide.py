@@ -28,6 +28,19 @@ from .store import Store
 
 log = logging.getLogger(__name__)
 NODE_ACTIONS = ("drain_node", "resume_node")
+MODE_OVERRIDES = "mode_overrides"   # the agent-state key of recovery-ctl mode's changes
+
+
+def mode_overrides(store: Store) -> dict[str, str]:
+    """Environment modes changed at run time (``recovery-ctl mode``), by env name."""
+    return dict(store.get_state(MODE_OVERRIDES, {}) or {})
+
+
+def environment_mode(cfg: Config, store: Store, env: str) -> str:
+    """An environment's mode now: as configured, or as changed at run time with
+    ``recovery-ctl mode``. An unknown name is the ``default`` environment."""
+    env = env if env in cfg.environments else "default"
+    return mode_overrides(store).get(env, cfg.environment(env).mode)
 
 
 @dataclass(frozen=True)
@@ -59,7 +72,6 @@ class Decider:
     def mode(self, spec: specs.RecoverySpec) -> str:
         """The environment's mode (as configured, or as changed at run time with
         ``recovery-ctl mode``), lowered by the job's own directive."""
-        from .service import environment_mode
         return effective_mode(environment_mode(self.cfg, self.store, spec.env), spec.mode)
 
     def scores(self, now: float) -> dict[str, float]:

@@ -17,6 +17,8 @@ import subprocess
 import urllib.parse
 from dataclasses import dataclass
 
+import requests
+
 TIMEOUT = 5.0
 SENDMAIL_PATHS = ("/usr/sbin/sendmail", "/usr/lib/sendmail")
 
@@ -88,7 +90,6 @@ def text(body: dict) -> str:
 def notify(target: str, rec: dict) -> Sent:
     body = message(rec)
     if target.startswith("slack:"):
-        import requests
         url = target[len("slack:"):]
         try:
             resp = requests.post(url, json={"text": text(body)}, timeout=TIMEOUT,
@@ -97,7 +98,6 @@ def notify(target: str, rec: dict) -> Sent:
             return Sent(False, f"slack {url}: {exc.__class__.__name__}")
         return Sent(200 <= resp.status_code < 300, f"slack {url}: HTTP {resp.status_code}")
     if target.startswith(("http://", "https://")):
-        import requests
         try:
             # a redirect could lead anywhere, past notify_allow: never followed
             resp = requests.post(target, json=body, timeout=TIMEOUT, allow_redirects=False)

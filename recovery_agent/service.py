@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import MODES, Config
+from .decide import MODE_OVERRIDES, Decider, environment_mode, mode_overrides
 from .errors import RecoveryError
+from .policy import effective_mode
 from .store import OPEN_STATUSES, Store
 
 log = logging.getLogger(__name__)
-MODE_OVERRIDES = "mode_overrides"
 STATUSES = ("proposed", "executing", "done", "failed", "expired", "would_have",
             "blocked_by_budget", "released_by_watchdog", "cancelled")
 _JSON_KEYS = ("nodes", "target_nodes", "exclude", "pattern_ids", "evidence", "attribution",
@@ -62,18 +63,6 @@ class Caller:
 
     def __str__(self) -> str:
         return f"{self.name} (uid {self.uid}, {'admin' if self.admin else 'user'})"
-
-
-def mode_overrides(store: Store) -> dict[str, str]:
-    """Environment modes changed at run time (``recovery-ctl mode``), by env name."""
-    return dict(store.get_state(MODE_OVERRIDES, {}) or {})
-
-
-def environment_mode(cfg: Config, store: Store, env: str) -> str:
-    """An environment's mode now: as configured, or as changed at run time with
-    ``recovery-ctl mode``. An unknown name is the ``default`` environment."""
-    env = env if env in cfg.environments else "default"
-    return mode_overrides(store).get(env, cfg.environment(env).mode)
 
 
 def role_of(cfg: Config, uid: int) -> Caller:
@@ -176,7 +165,6 @@ class Service:
     def effective_mode(self, row: dict) -> str:
         """The mode the job's decisions take now: its environment's (as changed at
         run time), lowered by its own directive."""
-        from .policy import effective_mode
         return effective_mode(environment_mode(self.cfg, self.store, row["env"]),
                               row["mode"] or None)
 
@@ -213,7 +201,6 @@ class Service:
         return events
 
     def scores(self) -> dict[str, float]:
-        from .decide import Decider
         return Decider(self.cfg, self.store).scores(self.clock())
 
     def nodes(self) -> list[dict]:

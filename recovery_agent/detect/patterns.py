@@ -43,6 +43,7 @@ import re
 import sys
 import tomllib
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from re import _constants as sre_c  # type: ignore[attr-defined]
 from re import _parser as sre_parse  # type: ignore[attr-defined]
@@ -182,7 +183,6 @@ def shipped_dir() -> Path:
 
 def _installed_packs() -> Path | None:
     """The packs' directory as recorded in the installed distribution's RECORD."""
-    from importlib import metadata
     try:
         files = metadata.distribution("slurm-recovery").files or []
     except metadata.PackageNotFoundError:

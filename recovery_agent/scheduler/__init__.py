@@ -7,15 +7,20 @@ each one.
 """
 from __future__ import annotations
 
-from typing import Callable
+import logging
+from typing import TYPE_CHECKING, Callable
 
-from ..errors import SchedulerUnavailable
+from ..errors import RecoveryError, SchedulerUnavailable
 from .base import Job, Node, Probe, Scheduler
 from .cli_backend import CliScheduler
 from .runner import SlurmRunner
 
+if TYPE_CHECKING:
+    from ..config import Config
+
 __all__ = ["Job", "Node", "Probe", "Scheduler", "CliScheduler", "SlurmRunner",
-           "ORDER", "select_scheduler", "probe_all"]
+           "ORDER", "select_scheduler", "scheduler_for", "probe_all"]
+log = logging.getLogger(__name__)
 
 # pyslurm first: when it can run it avoids a fork per query.
 ORDER = ("pyslurm", "cli")
@@ -33,6 +38,17 @@ def probe_all(runner: SlurmRunner | None = None) -> list[Probe]:
     """The viability of every backend, in selection order (for ``recovery-ctl check``)."""
     factories = _factories(runner or SlurmRunner())
     return [factories[name]().probe() for name in ORDER]
+
+
+def scheduler_for(cfg: Config) -> Scheduler | None:
+    """The backend the config chooses (``scheduler.backend``, its runner
+    settings), or None, with the reason logged, when none can run here."""
+    runner = SlurmRunner.from_config(cfg.scheduler)
+    try:
+        return select_scheduler(cfg.scheduler.backend, runner)
+    except RecoveryError as exc:
+        log.warning("no scheduler backend: %s", exc)
+        return None
 
 
 def select_scheduler(backend: str = "auto", runner: SlurmRunner | None = None) -> Scheduler:

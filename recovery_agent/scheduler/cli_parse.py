@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import time
 import zlib
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -468,8 +469,6 @@ def parse_scontrol_job(text: str) -> Job | None:
     """The first job of ``scontrol show job -o ID`` (one ``key=value`` line per
     job), with what a check of its existence needs: id, state, restart count,
     submit time, user, nodes. None for output that holds no job."""
-    import time as _time
-
     line = next((ln for ln in text.splitlines() if ln.startswith("JobId=")), None)
     if line is None:
         return None
@@ -483,7 +482,7 @@ def parse_scontrol_job(text: str) -> Job | None:
     job_id = f"{array_job}_{task}" if array_job and task and task.isdigit() else str(numeric)
     state, flags = split_state(fields.get("JobState", "UNKNOWN"), JOB_BASE_STATES)
     try:
-        submit = int(_time.mktime(_time.strptime(fields.get("SubmitTime", ""), _TIME_FORMAT)))
+        submit = int(time.mktime(time.strptime(fields.get("SubmitTime", ""), _TIME_FORMAT)))
     except ValueError:
         submit = None
     user = fields.get("UserId", "")

@@ -7,6 +7,7 @@ Nothing here knows Prometheus, Loki or VictoriaLogs; their modules build on it.
 """
 from __future__ import annotations
 
+import calendar
 import email.utils
 import hashlib
 import json
@@ -23,6 +24,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import requests
 
+from ..detect.engines import TRACEBACK_LITERAL, required_literals
 from ..errors import ConfigError, RecoveryError
 
 log = logging.getLogger(__name__)
@@ -542,8 +544,6 @@ def prefilter_regex(rules: Sequence[Any], extra: Iterable[str] = ()) -> str | No
     usable literal makes an exact prefilter impossible: None (fetch every line).
     ``extra`` adds RE2 alternatives of the caller's (a progress pattern, say).
     """
-    from ..detect.engines import TRACEBACK_LITERAL, required_literals
-
     exact: set[str] = {TRACEBACK_LITERAL}
     caseless: set[str] = set()
     alternatives = [EXCEPTION_LINE, *extra]
@@ -582,8 +582,6 @@ _RFC3339 = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(?:\.(\d{
 def parse_rfc3339_ns(text: str) -> int:
     """Nanoseconds since the epoch from RFC 3339 with up to 9 fraction digits
     (datetime stops at microseconds). ValueError when it is not such a time."""
-    import calendar
-
     match = _RFC3339.match(text.strip())
     if not match:
         raise ValueError(f"not an RFC 3339 time: {text!r}")

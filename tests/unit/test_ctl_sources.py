@@ -9,7 +9,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from recovery_agent import scheduler as scheduler_module
+from recovery_agent import check as check_module
 from recovery_agent.ctl import main as ctl
 from recovery_agent.errors import SchedulerUnavailable
 from recovery_agent.scheduler.base import Job, Node
@@ -73,7 +73,7 @@ def site(tmp_path, monkeypatch):
             store.record_job(Job(job_id="5000", numeric_id=5000, submit_time=1000,
                                  state="RUNNING"), "other-cluster")
     slurm = FakeSlurm()
-    monkeypatch.setattr(scheduler_module, "select_scheduler", lambda *a, **k: slurm)
+    monkeypatch.setattr(check_module, "select_scheduler", lambda *a, **k: slurm)
     return slurm
 
 
@@ -146,7 +146,7 @@ def test_without_slurm_the_check_narrows_with_a_note(site, servers, monkeypatch)
 
     def unavailable(*args, **kwargs):
         raise SchedulerUnavailable("no scheduler backend can run here")
-    monkeypatch.setattr(scheduler_module, "select_scheduler", unavailable)
+    monkeypatch.setattr(check_module, "select_scheduler", unavailable)
     result = check(prometheus_url=prom.url)
     assert result.exit_code == 0, result.output
     assert "note: Slurm unavailable (no scheduler backend can run here): nodes and jobs " \

@@ -176,18 +176,18 @@ def test_every_test_the_threat_model_names_exists():
 
 def test_accuracy_report_is_current():
     """docs/accuracy.md is the held-out score of the packs as they are now."""
-    from recovery_agent import accuracy
+    from recovery_devtools import accuracy
     assert (DOCS / "accuracy.md").read_text() == accuracy.report(), \
-        "regenerate: python -m recovery_agent.accuracy > docs/accuracy.md"
+        "regenerate: python -m recovery_devtools.accuracy > docs/accuracy.md"
 
 
 def test_coverage_index_is_current():
     """docs/coverage.md's index lists exactly the shipped rules, as they are."""
-    from recovery_agent import accuracy
+    from recovery_devtools import accuracy
     text = (DOCS / "coverage.md").read_text()
     assert accuracy.INDEX_MARK in text
     assert text == accuracy.coverage_page(text), \
-        "regenerate: python -m recovery_agent.accuracy --coverage"
+        "regenerate: python -m recovery_devtools.accuracy --coverage"
 
 
 def test_coverage_names_only_real_rules():

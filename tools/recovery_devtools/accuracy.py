@@ -5,8 +5,8 @@ from public reports, split by source before any rule was written for it: the
 tune half may shape rules, the held-out half only measures them. This page
 reports the held-out half alone, as ``recovery-ctl patterns score`` prints it.
 
-    python -m recovery_agent.accuracy > docs/accuracy.md
-    python -m recovery_agent.accuracy --coverage   # rewrites docs/coverage.md's index
+    python -m recovery_devtools.accuracy > docs/accuracy.md
+    python -m recovery_devtools.accuracy --coverage   # rewrites docs/coverage.md's index
 
 ``docs/coverage.md`` is written by hand (emitter, message family, formats)
 down to :data:`INDEX_MARK`; below it, the index of every shipped rule is made
@@ -20,7 +20,11 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
-ROOT = Path(__file__).resolve().parents[1]
+from recovery_agent.detect.patterns import load_rules
+from recovery_agent.detect.scanner import Scanner
+from recovery_agent.detect.score import read_labels, render, score
+
+ROOT = Path(__file__).resolve().parents[2]   # the checkout (tools/recovery_devtools/)
 CORPUS = ROOT / "tests" / "fixtures" / "corpus"
 HELDOUT = CORPUS / "public_heldout.jsonl"
 # where rule authors write what they read: the packs (comments and examples),
@@ -28,12 +32,12 @@ HELDOUT = CORPUS / "public_heldout.jsonl"
 AUTHORED = ("etc/patterns/*.toml", "docs/coverage.md", "tests/unit/test_*.py")
 _THREAD = re.compile(r"github\.com/([^/\s]+)/([^/\s]+)/(?:issues|pull|discussions)/(\d+)")
 COVERAGE = ROOT / "docs" / "coverage.md"
-INDEX_MARK = "<!-- every rule: made by python -m recovery_agent.accuracy --coverage -->"
+INDEX_MARK = "<!-- every rule: made by python -m recovery_devtools.accuracy --coverage -->"
 _NCCL_PID = re.compile(r"^\s*([A-Za-z][\w.-]*:\d{3,}):\d{3,} ")
 
 HEADER = """# Accuracy on real failures the rules were not tuned on
 
-Made by `python -m recovery_agent.accuracy > docs/accuracy.md`; a test fails when
+Made by `python -m recovery_devtools.accuracy > docs/accuracy.md`; a test fails when
 this page no longer matches the code.
 
 **What is scored.** `tests/fixtures/corpus/public_heldout.jsonl`: real log text
@@ -84,9 +88,6 @@ def seen_by_authors(rows: Iterable, authored: str, known: str) -> dict[str, str]
 
 
 def report(path: Path = HELDOUT) -> str:
-    from .detect.patterns import load_rules
-    from .detect.scanner import Scanner
-    from .detect.score import read_labels, render, score
     rows, problems = read_labels(path.read_text(encoding="utf-8"))
     authored = "\n".join(f.read_text(encoding="utf-8", errors="replace")
                          for pattern in AUTHORED for f in sorted(ROOT.glob(pattern)))
@@ -110,7 +111,6 @@ def rule_index() -> str:
     """Every shipped rule, pack by pack: id, category, role, action, who may
     print it (``system``: only a node's kernel, drivers or daemons) and what it
     means."""
-    from .detect.patterns import load_rules
     out = [INDEX_MARK, "", "## Every rule", "",
            "Made from the packs; `role` and `action` as above, `printed by`: `system` "
            "rules count as node evidence only from a node's own report or log feed.", ""]
