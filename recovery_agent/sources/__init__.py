@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from ..config import Config
-from .base import (CursorStore, Credentials, Endpoint, LogLine, LogSource, PollResult,
-                   SourceError, prefilter_regex)
+from .base import SourceError
 from .check import CheckResult, check_sources, summary_lines
+from .feed import CursorStore, LogLine, LogSource, PollResult
+from .http import Credentials, Endpoint
 from .loki import LokiLabels, LokiSource
 from .prometheus import DcgmLabels, MetricsResult, MetricsSource
+from .query import prefilter_regex
 from .victorialogs import VictoriaLogsFields, VictoriaLogsSource
 
 __all__ = ["CheckResult", "JobRef", "JobFindings", "LogLine", "MetricsSource", "LokiSource",

@@ -13,7 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from .base import Probe, SourceError, redact_url
+from .base import SourceError
+from .feed import Probe
+from .http import redact_url
 
 RECENT = 900.0      # "recent data" means within the last 15 minutes
 MAX_LAG = 300.0     # a newest sample older than 5 minutes fails the check

@@ -18,8 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .base import (Endpoint, FeedRead, LogLine, LogSource, Probe, SourceResponseError,
-                   alternation, line_digest, page_forward, quote, to_ns)
+from .base import SourceResponseError
+from .feed import FeedRead, LogLine, LogSource, Probe, line_digest, page_forward
+from .http import Endpoint
+from .query import alternation, quote, to_ns
 
 QUERY_RANGE = "/loki/api/v1/query_range"
 LABELS = "/loki/api/v1/labels"

@@ -36,8 +36,10 @@ from slurm_hooks import kmsg
 
 from ..detect.model import Detection, Evidence
 from ..detect.patterns import xid_action
-from .base import (CursorStore, Endpoint, Health, HttpClient, Probe, SourceError,
-                   SourceResponseError, alternation, quote)
+from .base import SourceError, SourceResponseError
+from .feed import CursorStore, Probe
+from .http import Endpoint, Health, HttpClient
+from .query import alternation, quote
 
 log = logging.getLogger(__name__)
 

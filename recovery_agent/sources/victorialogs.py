@@ -20,8 +20,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .base import (Endpoint, FeedRead, LogLine, LogSource, Probe, SourceResponseError,
-                   format_rfc3339_ns, line_digest, page_forward, parse_rfc3339_ns, quote, to_ns)
+from .base import SourceResponseError
+from .feed import FeedRead, LogLine, LogSource, Probe, line_digest, page_forward
+from .http import Endpoint
+from .query import format_rfc3339_ns, parse_rfc3339_ns, quote, to_ns
 
 QUERY = "/select/logsql/query"
 

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
 from recovery_agent.detect.attribution import AttributionContext, attribute
-from recovery_agent.sources.base import Endpoint
+from recovery_agent.sources.http import Endpoint
 from recovery_agent.sources.check import check_source
 from recovery_agent.sources.prometheus import DcgmLabels, MetricsSource
 

@@ -28,7 +28,7 @@ def test_example_file_loads():
 
 
 def test_missing_default_file_gives_defaults(tmp_path, monkeypatch):
-    monkeypatch.setattr(config, "DEFAULT_PATH", tmp_path / "absent.toml")
+    monkeypatch.setattr(config.loading, "DEFAULT_PATH", tmp_path / "absent.toml")
     cfg = config.load(environ={})
     assert cfg.environment("default").mode == "monitor"  # new installs only watch
     with pytest.raises(ConfigError, match="not found"):

@@ -13,10 +13,12 @@ import pytest
 from recovery_agent import config
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.errors import ConfigError
-from recovery_agent.sources import base
-from recovery_agent.sources.base import (Credentials, CursorStore, Endpoint, Health,
-                                         HttpClient, SourceAuthError, SourceRateLimited,
-                                         SourceResponseError, SourceTimeout, SourceUnavailable)
+from recovery_agent.sources import query
+from recovery_agent.sources.base import (SourceAuthError, SourceRateLimited, SourceResponseError,
+                                         SourceTimeout, SourceUnavailable)
+from recovery_agent.sources.feed import CursorStore
+from recovery_agent.sources.http import (Credentials, Endpoint, Health, HttpClient,
+                                         parse_retry_after, redact_url)
 from tests.fixtures.sources.httpfake import FakeServer, dead_url, json_reply
 
 
@@ -155,7 +157,7 @@ def test_missing_credentials_file(tmp_path):
 
 
 def test_redact_url_drops_user_info_and_query():
-    assert base.redact_url("https://u:p@loki.example:3100/x?token=1") == \
+    assert redact_url("https://u:p@loki.example:3100/x?token=1") == \
         "https://loki.example:3100/x"
 
 
@@ -179,7 +181,7 @@ def test_sources_config_from_the_environment():
 
 def test_health_logs_one_line_per_outage_and_counts(caplog):
     health = Health("loki", base_delay=10)
-    caplog.set_level(logging.DEBUG, logger="recovery_agent.sources.base")
+    caplog.set_level(logging.DEBUG, logger="recovery_agent.sources.http")
     for i in range(5):
         health.failed(SourceUnavailable("down"), 100.0 + i)
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -217,17 +219,17 @@ def test_a_corrupt_cursor_file_is_not_fatal(tmp_path, caplog):
 
 def test_re2_escape_and_quote_round_trip():
     text = 'a.b (c) [d] "e" \\f\tg'
-    escaped = base.re2_escape(text)
+    escaped = query.re2_escape(text)
     assert "\\ " not in escaped                      # RE2 refuses an escaped space
     assert re.fullmatch(escaped, text)
-    assert json.loads(base.quote(escaped)) == escaped
+    assert json.loads(query.quote(escaped)) == escaped
 
 
 def test_the_prefilter_keeps_every_example_line():
     """Every line a shipped rule must match passes the pushed-down filter, so
     filtering in the store loses nothing the scanner would have found."""
     rules = load_rules()
-    regex = re.compile(base.prefilter_regex(rules))
+    regex = re.compile(query.prefilter_regex(rules))
     missed = [(r.id, line) for r in rules for line in r.examples_match
               if r.scope == "line" and not regex.search(line)]
     assert missed == []
@@ -238,18 +240,18 @@ def test_the_prefilter_keeps_every_example_line():
 def test_a_rule_without_literals_disables_the_prefilter():
     class Rule:
         id, regex, scope = "any.digit", r"\d", "line"
-    assert base.prefilter_regex([Rule()]) is None
+    assert query.prefilter_regex([Rule()]) is None
 
 
 def test_rfc3339_nanoseconds():
-    ns = base.parse_rfc3339_ns("2024-05-01T10:00:00.123456789Z")
+    ns = query.parse_rfc3339_ns("2024-05-01T10:00:00.123456789Z")
     assert ns == 1714557600123456789
-    assert base.format_rfc3339_ns(ns) == "2024-05-01T10:00:00.123456789Z"
-    assert base.parse_rfc3339_ns("2024-05-01T12:00:00+02:00") == 1714557600 * 10**9
+    assert query.format_rfc3339_ns(ns) == "2024-05-01T10:00:00.123456789Z"
+    assert query.parse_rfc3339_ns("2024-05-01T12:00:00+02:00") == 1714557600 * 10**9
     with pytest.raises(ValueError):
-        base.parse_rfc3339_ns("yesterday")
+        query.parse_rfc3339_ns("yesterday")
 
 
 def test_retry_after_as_http_date():
-    assert base.parse_retry_after("Wed, 01 May 2024 10:00:30 GMT", now=1714557600.0) == 30.0
-    assert base.parse_retry_after("soon") is None
+    assert parse_retry_after("Wed, 01 May 2024 10:00:30 GMT", now=1714557600.0) == 30.0
+    assert parse_retry_after("soon") is None

@@ -12,7 +12,7 @@ from recovery_agent import config
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.sources import (JobRef, LokiSource, MetricsSource, SourcePoller,
                                     VictoriaLogsSource, build_sources)
-from recovery_agent.sources.base import Endpoint
+from recovery_agent.sources.http import Endpoint
 from recovery_agent.sources.check import CheckResult, check_source, check_sources, summary_lines
 from recovery_agent.sources.loki import LokiLabels
 from recovery_agent.sources.prometheus import DcgmLabels

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from recovery_agent.sources.base import CursorStore, Endpoint, HttpClient
+from recovery_agent.sources.feed import CursorStore
+from recovery_agent.sources.http import Endpoint, HttpClient
 from recovery_agent.sources.loki import LokiLabels, LokiSource
 from tests.fixtures.sources.httpfake import FakeServer, dead_url, json_reply, recorded
 

@@ -10,7 +10,9 @@ import pytest
 
 from recovery_agent.detect.attribution import AttributionContext, attribute
 from recovery_agent.sources import prometheus as prom
-from recovery_agent.sources.base import CursorStore, Endpoint, SourceResponseError
+from recovery_agent.sources.base import SourceResponseError
+from recovery_agent.sources.feed import CursorStore
+from recovery_agent.sources.http import Endpoint
 from recovery_agent.sources.prometheus import DcgmLabels, MetricsSource, counter_increase
 from tests.fixtures.sources.httpfake import FakeServer, dead_url, json_reply, recorded
 

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from recovery_agent.sources.base import (CursorStore, Endpoint, HttpClient, format_rfc3339_ns,
-                                         parse_rfc3339_ns)
+from recovery_agent.sources.feed import CursorStore
+from recovery_agent.sources.http import Endpoint, HttpClient
+from recovery_agent.sources.query import format_rfc3339_ns, parse_rfc3339_ns
 from recovery_agent.sources.victorialogs import VictoriaLogsFields, VictoriaLogsSource
 from tests.fixtures.sources.httpfake import FakeServer, dead_url, recorded
 

@@ -1,0 +1,342 @@
+"""Loading the configuration: coercing TOML and environment values to the
+declared types, building the sections, validating them (errors name the key),
+``RECOVERY_*`` environment overrides, and :func:`load` itself.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import tomllib
+from dataclasses import Field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import ConfigError
+from .schema import (BACKENDS, MODES, SECTIONS, STRAGGLER_ACTIONS, AgentConfig, ApiConfig,
+                     AttributionConfig, Config, EnvironmentConfig, HooksConfig, PolicyConfig,
+                     SchedulerConfig, SourcesConfig)
+
+DEFAULT_PATH = Path("/etc/slurm-recovery/recovery.toml")
+ENV_PATH = "RECOVERY_CONFIG"
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ALLOW_ENTRY = re.compile(r"^(?:\*\.)?[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})(?::\d{1,5})?$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_duration(value: Any, key: str = "duration") -> float:
+    """Seconds from ``90``, ``"90s"``, ``"20m"``, ``"2h"`` or ``"1d"``."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a duration such as 90s, 20m or 2h, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ConfigError(f"{key}: expected a duration such as 90s, 20m or 2h, "
+                              f"got {value!r}")
+        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds < 0:
+        raise ConfigError(f"{key}: a duration cannot be negative")
+    return seconds
+
+
+_KINDS = {"str": str, "int": int, "float": float, "bool": bool}
+
+
+def _coerce(key: str, spec: Field, value: Any) -> Any:
+    """``value`` as the declared type of ``spec``; ``key`` names it in errors."""
+    if spec.metadata.get("duration"):
+        return parse_duration(value, key)
+    kind = _KINDS[str(spec.type)]
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in {"1", "true", "yes", "on"}:
+            return True
+        if str(value).lower() in {"0", "false", "no", "off"}:
+            return False
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):   # from the environment
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif kind is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}")
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix}: expected a table, got {data!r}")
+    known = {f.name: f for f in fields(cls)}
+    values = {}
+    for key, value in data.items():
+        if key not in known:
+            raise ConfigError(f"{prefix}.{key}: unknown key (known: {', '.join(known)})")
+        values[key] = _coerce(f"{prefix}.{key}", known[key], value)
+    return cls(**values)
+
+
+_SSH_HOST = re.compile(r"^(?!-)(?:[A-Za-z0-9._-]+@)?(?!-)[A-Za-z0-9.:\[\]_-]+$")
+
+
+def _validate(cfg: Config) -> None:
+    """Every check, section by section, in the order a file's first error is named."""
+    _validate_scheduler(cfg.scheduler)
+    _validate_agent(cfg.agent)
+    _validate_notify(cfg.environments)
+    _validate_attribution(cfg.attribution)
+    _validate_agent_names(cfg.agent)
+    _validate_api(cfg.api)
+    _validate_hooks(cfg.hooks)
+    _validate_environments(cfg.environments)
+    _validate_policy(cfg.policy)
+    _validate_sources(cfg.sources)
+
+
+def _validate_scheduler(sched: SchedulerConfig) -> None:
+    if sched.backend not in BACKENDS:
+        raise ConfigError(f"scheduler.backend: must be one of {', '.join(BACKENDS)}, "
+                          f"got {sched.backend!r}")
+    if sched.ssh_host and not _SSH_HOST.match(sched.ssh_host):
+        raise ConfigError(f"scheduler.ssh_host: {sched.ssh_host!r} must be "
+                          "[user@]host (no spaces, not starting with '-')")
+    try:
+        shlex.split(sched.ssh_options)
+    except ValueError as exc:
+        raise ConfigError(f"scheduler.ssh_options: {exc}") from None
+
+
+def _validate_agent(agent: AgentConfig) -> None:
+    if agent.poll_interval <= 0:
+        raise ConfigError("agent.poll_interval: must be above zero")
+    _validate_log_keys(agent)
+    if agent.node_report_wait > 3600:
+        raise ConfigError("agent.node_report_wait: at most 1h (a verdict should not "
+                          "wait longer for one node)")
+
+
+def _validate_log_keys(agent: AgentConfig) -> None:
+    for root in filter(None, (r.strip() for r in agent.log_roots.split(","))):
+        if not root.startswith("/"):
+            raise ConfigError(f"agent.log_roots: {root!r} is not an absolute path")
+    if agent.log_max_backlog_mb < 0:
+        raise ConfigError("agent.log_max_backlog_mb: must not be negative (0: never skip)")
+    if agent.log_max_backlog_mb and not 0 < agent.log_keep_mb < agent.log_max_backlog_mb:
+        raise ConfigError("agent.log_keep_mb: must be above 0 and below "
+                          "agent.log_max_backlog_mb")
+
+
+def _validate_agent_names(agent: AgentConfig) -> None:
+    if agent.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        raise ConfigError(f"agent.log_level: unknown level {agent.log_level!r}")
+    if not _NAME.match(agent.cluster):
+        raise ConfigError(f"agent.cluster: {agent.cluster!r} must match [A-Za-z0-9_-]{{1,64}}")
+
+
+def _validate_notify(environments: Mapping[str, EnvironmentConfig]) -> None:
+    for name, env in environments.items():
+        for target in filter(None, (t.strip() for t in env.notify.split(","))):
+            if not (target == "mail" or target.startswith(("http://", "https://"))
+                    or target.startswith(("slack:http://", "slack:https://"))):
+                raise ConfigError(f"environments.{name}.notify: {target!r} is not mail, "
+                                  "an http(s) URL or slack:URL")
+        for entry in filter(None, (t.strip() for t in env.notify_allow.split(","))):
+            if not _ALLOW_ENTRY.match(entry):
+                raise ConfigError(f"environments.{name}.notify_allow: {entry!r} is not a "
+                                  "host name, host:port or *.domain")
+
+
+def _validate_attribution(attr: AttributionConfig) -> None:
+    if attr.webhook_url and not attr.webhook_url.startswith(("http://", "https://")):
+        raise ConfigError("attribution.webhook_url: must be an http:// or https:// URL")
+    if not 0 < attr.webhook_timeout <= 60:
+        raise ConfigError("attribution.webhook_timeout: must be above 0 and at most 60s")
+
+
+def _validate_api(api: ApiConfig) -> None:
+    if api.auth not in ("munge", "none"):
+        raise ConfigError(f"api.auth: must be munge or none, got {api.auth!r}")
+    if not 0 < api.port < 65536:
+        raise ConfigError(f"api.port: {api.port} is not a port number")
+    for key in ("hook_uids", "admin_uids"):
+        text = getattr(api, key)
+        if not all(u.strip().isdigit() for u in text.split(",") if u.strip()):
+            raise ConfigError(f"api.{key}: expected comma-separated uids, got {text!r}")
+    if api.claim_ttl <= 0:
+        raise ConfigError("api.claim_ttl: must be above zero")
+
+
+def _validate_hooks(hooks: HooksConfig) -> None:
+    if hooks.preflight not in ("off", "report", "enforce"):
+        raise ConfigError(f"hooks.preflight: must be off, report or enforce, "
+                          f"got {hooks.preflight!r}")
+    source = hooks.kernel_log
+    if source not in ("journal", "kmsg") and not source.startswith("file:"):
+        raise ConfigError(f"hooks.kernel_log: must be journal, kmsg or file:PATH, "
+                          f"got {source!r}")
+    if not hooks.agent_url.startswith(("http://", "https://")):
+        raise ConfigError(f"hooks.agent_url: must be an http(s) URL, got "
+                          f"{hooks.agent_url!r}")
+
+
+def _validate_environments(environments: Mapping[str, EnvironmentConfig]) -> None:
+    for name, env in environments.items():
+        if not _NAME.match(name):
+            raise ConfigError(f"environments.{name}: names must match [A-Za-z0-9_-]{{1,64}}")
+        if env.mode not in MODES:
+            raise ConfigError(f"environments.{name}.mode: must be one of {', '.join(MODES)}, "
+                              f"got {env.mode!r}")
+        if not 0 <= env.max_restarts <= 1000:
+            raise ConfigError(f"environments.{name}.max_restarts: must be 0-1000")
+        try:
+            re.compile(env.progress_pattern)
+        except re.error as exc:
+            raise ConfigError(f"environments.{name}.progress_pattern: not a valid "
+                              f"regex: {exc}") from None
+        if env.straggler_factor <= 1.0:
+            raise ConfigError(f"environments.{name}.straggler_factor: must be above 1")
+        if env.straggler_window <= 0:
+            raise ConfigError(f"environments.{name}.straggler_window: must be above zero")
+        if env.straggler_action not in STRAGGLER_ACTIONS:
+            raise ConfigError(f"environments.{name}.straggler_action: must be none or "
+                              f"kill_requeue, got {env.straggler_action!r}")
+        for key in ("unknown_max_restarts", "no_progress_attempts", "interconnect_strikes"):
+            if not 0 <= getattr(env, key) <= 1000:
+                raise ConfigError(f"environments.{name}.{key}: must be 0-1000")
+
+
+def _validate_policy(pol: PolicyConfig) -> None:
+    if pol.decision_timeout <= 0:
+        raise ConfigError("policy.decision_timeout: must be above zero")
+    if not 1 <= pol.action_retries <= 20:
+        raise ConfigError("policy.action_retries: must be 1-20")
+    if pol.max_drains_per_hour < 0:
+        raise ConfigError("policy.max_drains_per_hour: must not be negative")
+    if not 0 <= pol.max_drained_percent <= 100:
+        raise ConfigError("policy.max_drained_percent: must be 0-100")
+    if pol.lemon_threshold < 0:
+        raise ConfigError("policy.lemon_threshold: must not be negative")
+    if pol.lemon_half_life <= 0:
+        raise ConfigError("policy.lemon_half_life: must be above zero")
+
+
+_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]*$")
+
+
+def _validate_sources(src: SourcesConfig) -> None:
+    """URLs without inline credentials, known auth kinds, label names a query can hold."""
+    for kind in ("prometheus", "loki", "victorialogs"):
+        url = getattr(src, f"{kind}_url")
+        if url and (not re.match(r"^https?://[^/@\s]+", url) or "@" in url.split("/")[2]):
+            raise ConfigError(f"sources.{kind}_url: must be an http(s) URL without "
+                              f"credentials in it (use {kind}_credentials_file)")
+        auth = getattr(src, f"{kind}_auth")
+        if auth not in ("none", "bearer", "basic"):
+            raise ConfigError(f"sources.{kind}_auth: must be none, bearer or basic, "
+                              f"got {auth!r}")
+        if auth != "none" and not getattr(src, f"{kind}_credentials_file"):
+            raise ConfigError(f"sources.{kind}_credentials_file: needed for {kind}_auth = "
+                              f"{auth}")
+    for key in ("prometheus_host_label", "prometheus_gpu_label", "prometheus_uuid_label"):
+        if not _LABEL.match(getattr(src, key)):
+            raise ConfigError(f"sources.{key}: {getattr(src, key)!r} is not a label name")
+    for key in ("loki_job_label", "loki_host_label"):
+        if getattr(src, key) and not _LABEL.match(getattr(src, key)):
+            raise ConfigError(f"sources.{key}: {getattr(src, key)!r} is not a label name")
+    for key in ("victorialogs_job_field", "victorialogs_host_field"):
+        if getattr(src, key) and not _FIELD.match(getattr(src, key)):
+            raise ConfigError(f"sources.{key}: {getattr(src, key)!r} is not a field name")
+    for key in ("prometheus_selector", "loki_selector"):
+        if any(c in getattr(src, key) for c in "{}"):
+            raise ConfigError(f"sources.{key}: matchers only, without braces")
+    if src.prometheus_host_rewrite not in ("none", "port", "domain"):
+        raise ConfigError("sources.prometheus_host_rewrite: must be none, port or domain")
+    if src.victorialogs_tenant and not re.match(r"^\d+:\d+$", src.victorialogs_tenant):
+        raise ConfigError("sources.victorialogs_tenant: expected ACCOUNT:PROJECT, e.g. 12:34")
+    if not 1 <= src.page_limit <= 5000:
+        raise ConfigError("sources.page_limit: must be 1-5000")
+    if not 1 <= src.max_pages <= 1000:
+        raise ConfigError("sources.max_pages: must be 1-1000")
+    if not 0 <= src.retries <= 10:
+        raise ConfigError("sources.retries: must be 0-10")
+    for key in ("query_interval", "timeout", "prometheus_step"):
+        if getattr(src, key) <= 0:
+            raise ConfigError(f"sources.{key}: must be above zero")
+
+
+def from_mapping(data: Mapping[str, Any], source: str = "") -> Config:
+    """A validated Config from parsed TOML (or any nested mapping)."""
+    unknown = set(data) - set(SECTIONS) - {"environments"}
+    if unknown:
+        raise ConfigError(f"{sorted(unknown)[0]}: unknown section (known: "
+                          f"{', '.join([*SECTIONS, 'environments'])})")
+    parts = {name: _build(cls, data.get(name, {}), name) for name, cls in SECTIONS.items()}
+    envs_raw = data.get("environments", {})
+    if not isinstance(envs_raw, Mapping):
+        raise ConfigError("environments: expected tables such as [environments.prod]")
+    envs = {name: _build(EnvironmentConfig, value, f"environments.{name}")
+            for name, value in envs_raw.items()}
+    envs.setdefault("default", EnvironmentConfig())
+    cfg = Config(**parts, environments=envs, source=source)
+    _validate(cfg)
+    return cfg
+
+
+def apply_env(cfg: Config, environ: Mapping[str, str]) -> Config:
+    """Apply ``RECOVERY_<SECTION>_<KEY>`` overrides, e.g. ``RECOVERY_SCHEDULER_BACKEND=cli``."""
+    applied: dict[str, str] = {}
+    for section, cls in SECTIONS.items():
+        updates = {}
+        for f in fields(cls):
+            var = f"RECOVERY_{section}_{f.name}".upper()
+            if var in environ:
+                updates[f.name] = _coerce(f"{var} ({section}.{f.name})", f, environ[var])
+                applied[f"{section}.{f.name}"] = var
+        if updates:
+            cfg = replace(cfg, **{section: replace(getattr(cfg, section), **updates)})
+    try:
+        _validate(cfg)
+    except ConfigError as exc:
+        var = next((v for k, v in applied.items() if str(exc).startswith(k)), None)
+        raise ConfigError(f"{var}: {exc}" if var else str(exc)) from None
+    return cfg
+
+
+def load(path: str | Path | None = None, environ: Mapping[str, str] | None = None,
+         required: bool = False) -> Config:
+    """Load the config: ``path``, else ``$RECOVERY_CONFIG``, else the default path.
+
+    A missing default file gives the built-in defaults (monitor mode), unless
+    ``required``; a missing file that was named explicitly is an error.
+    """
+    environ = os.environ if environ is None else environ
+    explicit = path or environ.get(ENV_PATH)
+    target = Path(explicit) if explicit else DEFAULT_PATH
+    try:
+        with open(target, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        if explicit or required:
+            raise ConfigError(f"{target}: config file not found") from None
+        return apply_env(Config(), environ)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{target}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{target}: cannot read: {exc.strerror}") from None
+    try:
+        return apply_env(from_mapping(data, str(target)), environ)
+    except ConfigError as exc:
+        raise ConfigError(f"{target}: {exc}") from None
