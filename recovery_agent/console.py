@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 
 from .service import Caller, Service, ServiceError
+from .store import Status
 
 REFRESH_MS = 5000
 LANES = (("slurm", "Slurm / agent"), ("hooks", "node hooks"), ("detected", "detections"),
@@ -110,14 +111,14 @@ class Console:
                 + "</table>" + ("" if rows else "<p class='muted'>no tracked jobs yet</p>"))
 
     def recs_part(self, who: Caller | None = None) -> str:
-        rows = [r for r in self.service.recommendations(limit=1000, who=who)
-                if r["status"] in ("proposed", "executing", "blocked_by_budget")]
+        rows = [r for r in self.service.recs(limit=1000, who=who)
+                if r.status.is_open or r.status == Status.BLOCKED_BY_BUDGET]
         body = "".join(
-            f"<tr><td>#{r['id']}</td><td>{_when(r['created'])}</td>"
-            f"<td><a href='/console/job/{_e(r['job_id'])}'>{_e(r['job_id'])}</a></td>"
-            f"<td>{_e(r['action'])}</td><td>{_e(','.join(r['target_nodes']))}</td>"
-            f"<td>{_e(r['mode'])}</td><td>{_status(r['status'])}</td>"
-            f"<td>{_e(r['error'] or r['reason'])}</td></tr>" for r in rows)
+            f"<tr><td>#{r.id}</td><td>{_when(r.created)}</td>"
+            f"<td><a href='/console/job/{_e(r.job_id)}'>{_e(r.job_id)}</a></td>"
+            f"<td>{_e(r.action)}</td><td>{_e(','.join(r.target_nodes))}</td>"
+            f"<td>{_e(r.mode)}</td><td>{_status(r.status)}</td>"
+            f"<td>{_e(r.error or r.reason)}</td></tr>" for r in rows)
         return ("<h2>Pending and blocked recommendations</h2><table><tr><th>id</th>"
                 "<th>created</th><th>job</th><th>action</th><th>nodes</th><th>mode</th>"
                 "<th>status</th><th>why</th></tr>" + body + "</table>"

@@ -864,8 +864,8 @@ def _watchdog_pass(cfg, store) -> None:
     for pk in released:
         rec = store.rec(pk)
         status = "released (recorded in the side journal)" \
-            if pk in actuator.journaled else rec["status"]
-        click.echo(f"watchdog: released job {rec['job_id']} (recommendation #{pk}, {status})")
+            if pk in actuator.journaled else rec.status
+        click.echo(f"watchdog: released job {rec.job_id} (recommendation #{pk}, {status})")
     click.echo(f"watchdog: {len(released)} job(s) released"
                + (f"; {len(actuator.journal)} record(s) wait in {actuator.journal.path} for "
                   "the store to take writes" if len(actuator.journal) else ""))

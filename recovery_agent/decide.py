@@ -24,7 +24,7 @@ from .policy import (STRIKE_WEIGHTS, BudgetState, Decision, History, Limits, Nod
                      Strike, confined, decide, drain_budget, effective_mode, lemon_score,
                      our_drain, voiced)
 from .scheduler.base import Job, Scheduler
-from .store import Store
+from .store import Recommendation, Status, Store
 
 log = logging.getLogger(__name__)
 NODE_ACTIONS = ("drain_node", "resume_node")
@@ -94,17 +94,17 @@ class Decider:
             without += 1
         tracks = bool(spec.ckpt) or any(a["ckpt_path"] for a in attempts)
         earlier = [r for r in self.store.recommendations(job_pk=job_pk)
-                   if r["scope"] == "job" and r["attempt"] < attempt]
+                   if r.scope == "job" and r.attempt < attempt]
         # the unexplained budget counts from the last attempt that saved a checkpoint:
         # a job that advances between rare unexplained failures keeps its retries
         since = max((a["attempt"] for a in attempts if a["ckpt_path"]), default=None)
         unknown = sum(1 for r in earlier if _unexplained(r)
-                      and r["status"] in ("done", "executing", "proposed")
-                      and (since is None or r["attempt"] >= since))
+                      and r.status in (Status.DONE, Status.EXECUTING, Status.PROPOSED)
+                      and (since is None or r.attempt >= since))
         excluded: list[str] = []
         for r in earlier:
-            if r["status"] == "done":
-                excluded += [n for n in r["exclude"] if n not in excluded]
+            if r.status == Status.DONE:
+                excluded += [n for n in r.exclude if n not in excluded]
         if job is not None:
             excluded += [n for n in job.excluded_nodes if n not in excluded]
         return History(restarts=attempt, unknown_requeues=unknown,
@@ -212,7 +212,7 @@ class Decider:
                                       job_pk, user, ts=now)
         if not decision.acts:
             return []
-        status = "would_have" if mode == "monitor" else "proposed"
+        status = Status.WOULD_HAVE if mode == "monitor" else Status.PROPOSED
         used = [detections[i] for i in verdict.rests_on if i < len(detections)]
         seen = [seen_at[i] for i in verdict.rests_on if i < len(seen_at) and seen_at[i]]
         evidence = [{"pattern": d.rule, "category": d.category, "node": d.host,
@@ -261,7 +261,7 @@ class Decider:
         return recs
 
     def _drain_rec(self, common: dict, parent: int, node: str, decision: Decision,
-                   status: str, now: float) -> int:
+                   status: Status, now: float) -> int:
         blocked = self._over_budget(node, now)
         category = "lemon" if node not in decision.blamed else (decision.category or "")
         pk = self.store.add_recommendation({
@@ -269,7 +269,7 @@ class Decider:
             "rule": "lemon" if category == "lemon" else decision.rule,
             "reason": blocked or f"{category} on {node}", "reason_category": category,
             "target_nodes": [node], "exclude": [],
-            "status": "blocked_by_budget" if blocked else status,
+            "status": Status.BLOCKED_BY_BUDGET if blocked else status,
             "error": blocked or None})
         if not blocked:
             self._drained_at.append(self.mono())
@@ -301,10 +301,10 @@ class Decider:
             # drains on their way count; monitor mode's would-have drains stand
             # in for drains only for a day, or they would fill the budget for
             # good (and count against real drains after a switch to action)
-            pending = {r["target_nodes"][0] for r in self.store.recommendations(
-                ("proposed", "executing", "would_have")) if r["action"] == "drain_node"
-                and r["target_nodes"] and (r["status"] != "would_have"
-                                           or (r["created"] or 0) >= now - 86400)}
+            pending = {r.target_nodes[0] for r in self.store.recommendations(
+                (Status.PROPOSED, Status.EXECUTING, Status.WOULD_HAVE))
+                if r.action == "drain_node" and r.target_nodes
+                and (r.status != Status.WOULD_HAVE or (r.created or 0) >= now - 86400)}
             # ours only while Slurm still shows our drain: a node a human resumed
             # or drained again no longer counts against our budget
             by_name = {n.name: n for n in listed}
@@ -340,31 +340,31 @@ def _strike(row: dict) -> Strike:
     return Strike(row["ts"], row["weight"], row["user"] or "", bool(row.get("witnessed")))
 
 
-def _unexplained(rec: dict) -> bool:
+def _unexplained(rec: Recommendation) -> bool:
     """Was this job recommendation a requeue of a failure without a cause: no
     evidence at all (rule ``unknown``), or symptoms and exit reports alone?"""
-    if rec["rule"] in ("unknown", "unexplained"):
+    if rec.rule in ("unknown", "unexplained"):
         return True
-    attribution = rec.get("attribution") or {}
-    return bool(attribution.get("unexplained")) and rec["action"] in ("requeue", "kill_requeue")
+    attribution = rec.attribution or {}
+    return bool(attribution.get("unexplained")) and rec.action in ("requeue", "kill_requeue")
 
 
-def _previous(attempts: list[dict], recs: list[dict]) -> tuple[PriorAttempt, ...]:
+def _previous(attempts: list[dict], recs: list[Recommendation]) -> tuple[PriorAttempt, ...]:
     """The earlier attempts that were judged: where each ran (its attempt row)
     and its verdict (as its job recommendation recorded it), oldest first."""
     nodes = {a["attempt"]: tuple(a["nodes"] or ()) for a in attempts}
     out = []
-    for rec in sorted(recs, key=lambda r: r["attempt"]):
-        seen = rec.get("attribution") or {}
-        if not seen or rec["attempt"] not in nodes:
+    for rec in sorted(recs, key=lambda r: r.attempt):
+        seen = rec.attribution or {}
+        if not seen or rec.attempt not in nodes:
             continue
         verdict = Verdict(blame=seen.get("blame") or "unknown", category=seen.get("category"),
-                          action=seen.get("action") or rec["action"],
+                          action=seen.get("action") or rec.action,
                           confidence=float(seen.get("confidence") or 0.0),
                           nodes=tuple(seen.get("nodes") or ()),
                           gpus=tuple(seen.get("gpus") or ()), reason=seen.get("reason") or "",
                           unexplained=bool(seen.get("unexplained")),
                           signature=seen.get("signature") or "",
                           suspects=tuple(seen.get("suspects") or ()))
-        out.append(PriorAttempt(nodes[rec["attempt"]], verdict, rec["attempt"]))
+        out.append(PriorAttempt(nodes[rec.attempt], verdict, rec.attempt))
     return tuple(out)

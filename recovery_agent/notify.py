@@ -16,6 +16,10 @@ import shutil
 import subprocess
 import urllib.parse
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .store.records import Recommendation
 
 import requests
 
@@ -29,10 +33,10 @@ class Sent:
     detail: str
 
 
-def message(rec: dict) -> dict:
-    return {"recommendation": rec["id"], "job": rec["job_id"], "attempt": rec["attempt"],
-            "action": rec["action"], "rule": rec["rule"], "reason": rec["reason"],
-            "user": rec.get("user") or "", "workload": rec.get("workload") or ""}
+def message(rec: Recommendation) -> dict:
+    return {"recommendation": rec.id, "job": rec.job_id, "attempt": rec.attempt,
+            "action": rec.action, "rule": rec.rule, "reason": rec.reason,
+            "user": rec.user or "", "workload": rec.workload or ""}
 
 
 def targets(job_notify: str | None, env_notify: str) -> list[str]:
@@ -87,7 +91,7 @@ def text(body: dict) -> str:
             f"{body['reason']} [rule {body['rule']}, recommendation #{body['recommendation']}]")
 
 
-def notify(target: str, rec: dict) -> Sent:
+def notify(target: str, rec: Recommendation) -> Sent:
     body = message(rec)
     if target.startswith("slack:"):
         url = target[len("slack:"):]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from .policy import our_drain
 from .scheduler.base import Node
-from .store import Store
+from .store import Status, Store
 
 REQUEUES = ("requeue", "requeue_exclude", "kill_requeue")
 
@@ -64,29 +64,29 @@ def build(store: Store, nodes: list[Node], since: float, until: float) -> Report
         if node.drained and node.reason and not our_drain(store.node(node.name), node) \
                 and since <= when <= until:
             report.human_nodes[node.name] = f"{node.reason} ({node.reason_user or '?'})"
-    for rec in store.recommendations("would_have"):
-        if not since <= rec["created"] <= until:
+    for rec in store.recommendations(Status.WOULD_HAVE):
+        if not since <= rec.created <= until:
             continue
-        if rec["scope"] == "node":
-            report.our_nodes.update(rec["target_nodes"])
+        if rec.scope == "node":
+            report.our_nodes.update(rec.target_nodes)
             continue
-        report.our_nodes.update(rec["exclude"] or [])
-        job = store.job(rec["job"])
-        later = [a for a in store.attempts(rec["job"]) if a["attempt"] > rec["attempt"]]
+        report.our_nodes.update(rec.exclude or [])
+        job = store.job(rec.job)
+        later = [a for a in store.attempts(rec.job) if a["attempt"] > rec.attempt]
         if later:
             human = "requeued"
         elif job["state"] == "CANCELLED":
             human = "cancelled"
         else:
             human = f"left {job['state']}"
-        ours_requeue = rec["action"] in REQUEUES
+        ours_requeue = rec.action in REQUEUES
         agree = ours_requeue == (human == "requeued")
         report.compared += 1
         if agree:
             report.agreed += 1
         else:
-            report.differ.append({"rec": rec["id"], "job": rec["job_id"],
-                                  "attempt": rec["attempt"], "would_have": rec["action"],
-                                  "nodes": rec["exclude"] or rec["target_nodes"],
-                                  "humans": human, "reason": rec["reason"]})
+            report.differ.append({"rec": rec.id, "job": rec.job_id,
+                                  "attempt": rec.attempt, "would_have": rec.action,
+                                  "nodes": list(rec.exclude or rec.target_nodes),
+                                  "humans": human, "reason": rec.reason})
     return report

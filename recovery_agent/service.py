@@ -26,11 +26,10 @@ from .config import MODES, Config
 from .decide import MODE_OVERRIDES, Decider, environment_mode, mode_overrides
 from .errors import RecoveryError
 from .policy import effective_mode
-from .store import OPEN_STATUSES, Store
+from .store import Recommendation, Status, Store
 
 log = logging.getLogger(__name__)
-STATUSES = ("proposed", "executing", "done", "failed", "expired", "would_have",
-            "blocked_by_budget", "released_by_watchdog", "cancelled")
+STATUSES = tuple(s.value for s in Status)
 _JSON_KEYS = ("nodes", "target_nodes", "exclude", "pattern_ids", "evidence", "attribution",
               "data", "last_health")
 
@@ -133,8 +132,8 @@ class Service:
             # what the agent concluded (the latest verdict), else what it last saw
             row["last_detection"] = self.store.last_category(row["id"])
             recs = [r for r in self.store.recommendations(job_pk=row["id"])
-                    if r["scope"] == "job"]
-            row["last_recommendation"] = (f"{recs[-1]['action']} {recs[-1]['status']}"
+                    if r.scope == "job"]
+            row["last_recommendation"] = (f"{recs[-1].action} {recs[-1].status}"
                                           if recs else None)
             row["effective_mode"] = self.effective_mode(row)
         return [decoded(r) for r in rows]
@@ -154,11 +153,11 @@ class Service:
         tasks = []
         for task in rows:
             recs = [r for r in self.store.recommendations(job_pk=task["id"])
-                    if r["scope"] == "job"]
+                    if r.scope == "job"]
             tasks.append({"job_id": task["job_id"], "user": task["user"],
                           "state": task["state"],
                           "restarts": task["restart_count"],
-                          "recommendations": [f"#{r['id']} {r['action']} {r['status']}"
+                          "recommendations": [f"#{r.id} {r.action} {r.status}"
                                               for r in recs]})
         return tasks
 
@@ -174,7 +173,8 @@ class Service:
         row["effective_mode"] = self.effective_mode(row)
         return {"job": decoded(row), "attempts": self.store.attempts(row["id"]),
                 "detections": self.store.detections(row["id"]),
-                "recommendations": self.store.recommendations(job_pk=row["id"])}
+                "recommendations": [r.to_dict() for r in
+                                    self.store.recommendations(job_pk=row["id"])]}
 
     def timeline(self, job_id: str, who: Caller | None = None) -> list[dict]:
         """The job's events with each recommendation step merged in, in time order."""
@@ -182,10 +182,10 @@ class Service:
         may_read(who, row["user"], f"job {job_id}")
         events = list(self.store.timeline(row["id"]))
         for rec in self.store.recommendations(job_pk=row["id"]):
-            for step in self.store.steps(rec["id"]):
+            for step in self.store.steps(rec.id):
                 events.append({"id": None, "job": row["id"], "ts": step["ts"], "kind": "step",
-                               "attempt": rec["attempt"], "source": "actuator",
-                               "message": f"#{rec['id']} {step['step']} {step['state']}"
+                               "attempt": rec.attempt, "source": "actuator",
+                               "message": f"#{rec.id} {step['step']} {step['state']}"
                                           + (f" {step['detail']}" if step["detail"] else ""),
                                "data": None})
         for x in self.store.job_xids(row["id"]):
@@ -235,9 +235,9 @@ class Service:
                        "max_restarts": env.max_restarts}
                 for name, env in self.cfg.environments.items()}
 
-    def recommendations(self, status: str | None = None, env: str | None = None,
-                        mode: str | None = None, job: str | None = None,
-                        limit: int = 500, who: Caller | None = None) -> list[dict]:
+    def recs(self, status: str | None = None, env: str | None = None,
+             mode: str | None = None, job: str | None = None,
+             limit: int = 500, who: Caller | None = None) -> list[Recommendation]:
         """Newest first; a user (``who``) gets those of their own jobs (with the
         drains those jobs' failures led to)."""
         self.expire_claims()
@@ -245,18 +245,28 @@ class Service:
             raise BadRequest(f"status must be one of {', '.join(STATUSES)}")
         job_pk = self.job_row(job)["id"] if job else None
         rows = self.store.recommendations(status, job_pk=job_pk)
-        rows = [r for r in rows if (not env or r["env"] == env)
-                and (not mode or r["mode"] == mode)
-                and (sees_all(who) or (r.get("user") or "") == who.name)]
+        rows = [r for r in rows if (not env or r.env == env)
+                and (not mode or r.mode == mode)
+                and (sees_all(who) or (r.user or "") == who.name)]
         return rows[::-1][:limit]
 
-    def recommendation(self, rec_id: int, who: Caller | None = None) -> dict:
+    def recommendations(self, status: str | None = None, env: str | None = None,
+                        mode: str | None = None, job: str | None = None,
+                        limit: int = 500, who: Caller | None = None) -> list[dict]:
+        """:meth:`recs` as the API shows them."""
+        return [r.to_dict() for r in self.recs(status, env, mode, job, limit, who)]
+
+    def _rec(self, rec_id: int, who: Caller | None = None) -> Recommendation:
         if not self.store.has_rec(rec_id):
             raise NotFound(f"no recommendation {rec_id}")
         rec = self.store.rec(rec_id)
-        may_read(who, rec.get("user"), f"recommendation {rec_id}")
-        rec["steps"] = self.store.steps(rec_id)
+        may_read(who, rec.user, f"recommendation {rec_id}")
         return rec
+
+    def recommendation(self, rec_id: int, who: Caller | None = None) -> dict:
+        """One recommendation with its steps, as the API shows it."""
+        rec = self._rec(rec_id, who)
+        return {**rec.to_dict(), "steps": self.store.steps(rec_id)}
 
     def audit(self, since: float | None = None, until: float | None = None,
               job: str | None = None) -> list[dict]:
@@ -264,12 +274,11 @@ class Service:
         job_pk = self.job_row(job)["id"] if job else None
         out = []
         for rec in self.store.recommendations(job_pk=job_pk):
-            if since is not None and rec["created"] < since:
+            if since is not None and rec.created < since:
                 continue
-            if until is not None and rec["created"] > until:
+            if until is not None and rec.created > until:
                 continue
-            rec["steps"] = self.store.steps(rec["id"])
-            out.append(rec)
+            out.append({**rec.to_dict(), "steps": self.store.steps(rec.id)})
         return out
 
     # -- writes ----------------------------------------------------------------
@@ -285,7 +294,7 @@ class Service:
         if not who.admin:
             raise Forbidden(f"only admins {what} ({who} is not one)")
 
-    def _may_act(self, who: Caller, rec: dict, verb: str) -> None:
+    def _may_act(self, who: Caller, rec: Recommendation, verb: str) -> None:
         """Who may ack, complete or cancel a recommendation: admins (site
         controllers run as one) any. A user only cancels a job recommendation
         of their own job: a node's drain or resume is admin business even when
@@ -293,13 +302,13 @@ class Service:
         which a user's claim never does."""
         if who.admin:
             return
-        if (rec.get("user") or "") != who.name:
-            raise Forbidden(f"recommendation {rec['id']} is for a job of "
-                            f"{rec.get('user') or 'another user'}; {who.name} may act only "
+        if (rec.user or "") != who.name:
+            raise Forbidden(f"recommendation {rec.id} is for a job of "
+                            f"{rec.user or 'another user'}; {who.name} may act only "
                             "on their own jobs")
-        if (rec.get("scope") or "job") != "job":
-            raise Forbidden(f"recommendation {rec['id']} is a {rec['action']} of "
-                            f"{', '.join(rec.get('target_nodes') or []) or 'a node'}: "
+        if (rec.scope or "job") != "job":
+            raise Forbidden(f"recommendation {rec.id} is a {rec.action} of "
+                            f"{', '.join(rec.target_nodes or []) or 'a node'}: "
                             f"node-level recommendations are for admins ({who} is not one)")
         if verb != "cancel":
             raise Forbidden(f"only admins {verb} recommendations (a site controller claims "
@@ -341,77 +350,78 @@ class Service:
 
     def expire_claims(self) -> int:
         now = self.clock()
-        rows = self.store.expired_claims(now)
-        for row in rows:
+        recs = self.store.expired_claims(now)
+        for rec in recs:
             with self.store.transaction():
-                self.store.update_rec(row["id"], status="proposed", claimed_by=None,
-                                      claim_expires=None)
-            self.store.add_step(row["id"], "claim_expired", "ok",
-                                f"claim of {row['claimed_by']}")
-        return len(rows)
+                self.store.save_rec(rec.claim_expired(), "status", "claimed_by",
+                                    "claim_expires")
+            self.store.add_step(rec.id, "claim_expired", "ok", f"claim of {rec.claimed_by}")
+        return len(recs)
 
-    def _moved_on(self, rec: dict) -> str:
-        if rec["job"] is None:
+    def _moved_on(self, rec: Recommendation) -> str:
+        if rec.job is None:
             return ""
-        row = self.store.job(rec["job"])
-        if (row["restart_count"] or 0) > (rec["restart_at"] or 0):
+        row = self.store.job(rec.job)
+        if (row["restart_count"] or 0) > (rec.restart_at or 0):
             return f"the job has restarted since (restart {row['restart_count']})"
         return ""
 
     def ack(self, who: Caller, rec_id: int) -> dict:
         self.expire_claims()
-        rec = self.recommendation(rec_id)
+        rec = self._rec(rec_id)
         self._may_act(who, rec, "ack")
-        if rec["mode"] != "external":
-            raise Conflict(f"recommendation {rec_id} is in {rec['mode']} mode; only external "
+        if rec.mode != "external":
+            raise Conflict(f"recommendation {rec_id} is in {rec.mode} mode; only external "
                            "ones are claimed")
-        if rec["status"] != "proposed":
-            raise Conflict(f"recommendation {rec_id} is {rec['status']}"
-                           + (f", claimed by {rec['claimed_by']}" if rec["claimed_by"] else ""))
+        if rec.status != Status.PROPOSED:
+            raise Conflict(f"recommendation {rec_id} is {rec.status}"
+                           + (f", claimed by {rec.claimed_by}" if rec.claimed_by else ""))
         stale = self._moved_on(rec)
         if stale:
             with self.store.transaction():
-                self.store.update_rec(rec_id, status="expired", error=stale)
+                self.store.save_rec(rec.finished(Status.EXPIRED, error=stale), "status",
+                                    "error")
             raise Conflict(f"recommendation {rec_id} is stale: {stale}")
         now, ttl = self.clock(), self.cfg.api.claim_ttl
         claim = f"uid:{who.uid}"
         with self.store.transaction():
-            self.store.update_rec(rec_id, status="executing", claimed_by=claim,
-                                  claim_expires=now + ttl)
+            self.store.save_rec(rec.executing(claim, now + ttl), "status", "claimed_by",
+                                "claim_expires")
         self.store.add_step(rec_id, "claimed", "ok", f"{who.name} until +{ttl:g}s")
-        self._audit(rec["job"], who, "ack", f"recommendation #{rec_id} claimed", rec=rec_id)
+        self._audit(rec.job, who, "ack", f"recommendation #{rec_id} claimed", rec=rec_id)
         return {"id": rec_id, "status": "executing", "claimed_by": claim,
                 "claim_expires": now + ttl}
 
     def complete(self, who: Caller, rec_id: int, outcome: str, detail: str = "") -> dict:
-        rec = self.recommendation(rec_id)
+        rec = self._rec(rec_id)
         self._may_act(who, rec, "complete")
         if outcome not in ("done", "failed"):
             raise BadRequest("outcome must be done or failed")
-        if rec["status"] != "executing" or rec["mode"] != "external":
-            raise Conflict(f"recommendation {rec_id} is {rec['status']}, not claimed for "
+        if rec.status != Status.EXECUTING or rec.mode != "external":
+            raise Conflict(f"recommendation {rec_id} is {rec.status}, not claimed for "
                            "external execution")
         detail = detail[:2000]
         with self.store.transaction():
-            self.store.update_rec(rec_id, status=outcome, done_at=self.clock(),
-                                  error=detail if outcome == "failed" else None)
+            ended = rec.finished(Status(outcome), done_at=self.clock(),
+                                 error=detail if outcome == "failed" else None)
+            self.store.save_rec(ended, "status", "done_at", "error")
         self.store.add_step(rec_id, "completed", "ok" if outcome == "done" else "failed",
                             detail)
-        self._audit(rec["job"], who, "complete", f"recommendation #{rec_id} {outcome}",
+        self._audit(rec.job, who, "complete", f"recommendation #{rec_id} {outcome}",
                     rec=rec_id, outcome=outcome)
         return {"id": rec_id, "status": outcome}
 
     def cancel(self, who: Caller, rec_id: int, reason: str = "") -> dict:
-        rec = self.recommendation(rec_id)
+        rec = self._rec(rec_id)
+        steps = self.store.steps(rec_id)
         self._may_act(who, rec, "cancel")
-        started = any(s["step"] not in ("claimed", "claim_expired") for s in rec["steps"])
-        if rec["status"] not in OPEN_STATUSES or started:
-            raise Conflict(f"recommendation {rec_id} is {rec['status']}"
+        started = any(s["step"] not in ("claimed", "claim_expired") for s in steps)
+        if not rec.status.is_open or started:
+            raise Conflict(f"recommendation {rec_id} is {rec.status}"
                            + (" and already acting on Slurm" if started else ""))
         with self.store.transaction():
-            self.store.update_rec(rec_id, status="cancelled",
-                                  error=f"cancelled by {who.name}"
-                                        + (f": {reason[:500]}" if reason else ""))
-        self._audit(rec["job"], who, "cancel", f"recommendation #{rec_id} cancelled",
+            why = f"cancelled by {who.name}" + (f": {reason[:500]}" if reason else "")
+            self.store.save_rec(rec.finished(Status.CANCELLED, error=why), "status", "error")
+        self._audit(rec.job, who, "cancel", f"recommendation #{rec_id} cancelled",
                     rec=rec_id)
         return {"id": rec_id, "status": "cancelled"}

@@ -3,7 +3,9 @@
 Only this package touches SQLite: every statement is a method of
 :class:`Store` (the queries beyond the core ones are grouped in :mod:`.jobs`,
 :mod:`.recs`, :mod:`.nodes` and :mod:`.counts`, mixed into it; the verdict's
-node-evidence queries are :mod:`.reports`). A job is keyed by (cluster, job
+node-evidence queries are :mod:`.reports`). A recommendation comes out as a
+:class:`~.records.Recommendation` (its JSON columns decoded in :mod:`.recs`,
+nowhere else). A job is keyed by (cluster, job
 id, submit time), so a job id reused after a slurmctld reset starts a fresh
 history.
 """
@@ -31,10 +33,12 @@ from .counts import CountQueries
 from .jobs import JobQueries
 from .migrations import MIGRATIONS, applied, migrate
 from .nodes import NodeQueries
-from .recs import RecQueries
+from .records import FINAL_STATUSES, OPEN_STATUSES, IllegalMove, Recommendation, Status
+from .recs import RecQueries, decode_rec, encode_rec, sql_list
 
 __all__ = ["Store", "StoreLock", "MIGRATIONS", "OPEN_STATUSES", "FINAL_STATUSES", "same_job",
-           "Error", "DatabaseError", "STORE_ERRORS"]
+           "Error", "DatabaseError", "STORE_ERRORS", "Recommendation", "Status",
+           "IllegalMove"]
 
 # SQLite's errors, for the callers that must tell a failing store from other
 # failures without importing sqlite3 themselves
@@ -42,11 +46,7 @@ Error = sqlite3.Error
 DatabaseError = sqlite3.DatabaseError      # also a damaged or unreadable file
 STORE_ERRORS = (StoreError, sqlite3.Error)  # whatever a store write may raise
 
-# The recommendation lifecycle (DESIGN.md): proposed -> executing -> a final status.
-OPEN_STATUSES = ("proposed", "executing")
-FINAL_STATUSES = ("done", "failed", "expired", "would_have", "blocked_by_budget",
-                  "released_by_watchdog", "cancelled")
-_REC_JSON = ("target_nodes", "evidence", "attribution", "pattern_ids", "exclude")
+# The recommendation lifecycle (DESIGN.md), its open and final statuses: .records
 
 
 def _dumps(value: Any) -> str:
@@ -309,30 +309,21 @@ class Store(JobQueries, RecQueries, NodeQueries, CountQueries):
         """Insert one recommendation; JSON-able fields are encoded. The caller
         holds the lock and, usually, a transaction with the verdict."""
         now = time.time()
-        row = {"created": now, "updated": now, "tries": 0, "scope": "job", **values}
-        for key in _REC_JSON:
-            if key in row and not isinstance(row[key], str):
-                row[key] = _dumps(row[key])
+        row = encode_rec({"created": now, "updated": now, "tries": 0, "scope": "job",
+                          **values})
         return self.db["recommendations"].insert(row).last_pk
 
-    def decode_rec(self, row: dict) -> dict:
-        for key in _REC_JSON:
-            row[key] = json.loads(row[key]) if row.get(key) else ([] if key != "attribution"
-                                                                  and key != "evidence"
-                                                                  else {})
-        return row
-
-    def rec(self, pk: int) -> dict:
+    def rec(self, pk: int) -> Recommendation:
         try:
-            return self.decode_rec(self.db["recommendations"].get(pk))
+            return decode_rec(self.db["recommendations"].get(pk))
         except NotFoundError:
             raise StoreError(f"no recommendation {pk}") from None
 
     def recommendations(self, status: str | Iterable[str] | None = None,
-                        job_pk: int | None = None) -> list[dict]:
+                        job_pk: int | None = None) -> list[Recommendation]:
         where, args = [], []
         if status is not None:
-            wanted = [status] if isinstance(status, str) else list(status)
+            wanted = [str(status)] if isinstance(status, str) else [str(s) for s in status]
             where.append(f"status in ({', '.join('?' * len(wanted))})")
             args += wanted
         if job_pk is not None:
@@ -340,31 +331,35 @@ class Store(JobQueries, RecQueries, NodeQueries, CountQueries):
             args.append(job_pk)
         rows = self.db["recommendations"].rows_where(" and ".join(where) or None, args,
                                                       order_by="id")
-        return [self.decode_rec(r) for r in rows]
+        return [decode_rec(r) for r in rows]
 
-    def job_rec(self, job_pk: int, attempt: int) -> dict | None:
+    def job_rec(self, job_pk: int, attempt: int) -> Recommendation | None:
         rows = list(self.db["recommendations"].rows_where(
             "job = ? and attempt = ? and scope = 'job'", [job_pk, attempt], limit=1))
-        return self.decode_rec(rows[0]) if rows else None
+        return decode_rec(rows[0]) if rows else None
 
-    def open_twin(self, rec: Mapping[str, Any]) -> int | None:
+    def open_twin(self, rec: Recommendation) -> int | None:
         """An older open job recommendation for the same Slurm job (cluster, job
         id, submit time) and attempt as ``rec``, in action mode, if any: two
         must never act on one failure."""
         rows = list(self.db["recommendations"].rows_where(
             "scope = 'job' and mode = 'action' and id < ? and cluster = ? and job_id = ? "
             "and restart_at = ? and coalesce(submit_time, 0) = ? and status in "
-            "('proposed', 'executing')",
-            [rec["id"], rec["cluster"], rec["job_id"], rec["restart_at"],
-             rec["submit_time"] or 0], order_by="id", limit=1))
+            f"({sql_list(OPEN_STATUSES)})",
+            [rec.id, rec.cluster, rec.job_id, rec.restart_at,
+             rec.submit_time or 0], order_by="id", limit=1))
         return rows[0]["id"] if rows else None
 
     def update_rec(self, pk: int, **values: Any) -> None:
-        for key in _REC_JSON:
-            if key in values and not isinstance(values[key], str):
-                values[key] = _dumps(values[key])
+        """Change some columns of one recommendation (and its ``updated`` time)."""
+        values = encode_rec(values)
         values["updated"] = time.time()
         self.db["recommendations"].update(pk, values)
+
+    def save_rec(self, rec: Recommendation, *changed: str) -> None:
+        """Write the ``changed`` columns of ``rec``, the record one of its moves
+        returned (the caller holds a transaction, as for :meth:`update_rec`)."""
+        self.update_rec(rec.id, **{key: getattr(rec, key) for key in changed})
 
     def add_step(self, rec: int, step: str, state: str, detail: str = "",
                  ts: float | None = None) -> None:

@@ -314,10 +314,10 @@ def drive(act: Actuator, store, rec_id: int, clock, dt: float = 1.0, limit: int 
     """run_once until the recommendation is final; returns the passes it took."""
     for n in range(1, limit + 1):
         act.run_once()
-        if store.rec(rec_id)["status"] not in OPEN_STATUSES:
+        if store.rec(rec_id).status not in OPEN_STATUSES:
             return n
         clock[0] += dt
-    raise AssertionError(f"rec {rec_id} still {store.rec(rec_id)['status']} after {limit} "
+    raise AssertionError(f"rec {rec_id} still {store.rec(rec_id).status} after {limit} "
                          "passes")
 
 
@@ -349,8 +349,8 @@ def test_failed_job_requeue_exclude_happy_path(store, clock, completing):
     passes = drive(act, store, rec_id, clock)
 
     rec = store.rec(rec_id)
-    assert rec["status"] == "done" and rec["error"] is None
-    assert rec["held_at"] == t0 and rec["done_at"] == clock[0]
+    assert rec.status == "done" and rec.error is None
+    assert rec.held_at == t0 and rec.done_at == clock[0]
     assert passes == (3 if completing else 2)
     assert slurm.calls == Counter(requeue_hold=1, set_excluded_nodes=1, start_now=1,
                                   release=1)
@@ -366,7 +366,7 @@ def test_failed_job_requeue_exclude_happy_path(store, clock, completing):
         ("start_now", "started"), ("start_now", "ok"),
         ("release", "started"), ("release", "ok")]
     assert store.steps(rec_id)[2]["detail"] == "gpu2"
-    kinds = [e["kind"] for e in store.timeline(rec["job"])]
+    kinds = [e["kind"] for e in store.timeline(rec.job)]
     assert kinds == ["rec_done"]
     # nothing is left to do: more passes change nothing
     for _ in range(3):
@@ -379,7 +379,7 @@ def test_exclusion_already_in_place_is_not_set_again(store, clock):
     slurm = FakeSlurm(excluded=("gpu2",))
     rec_id = add_job_rec(store, slurm, exclude=("gpu2",))
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done"
+    assert store.rec(rec_id).status == "done"
     assert slurm.calls == Counter(requeue_hold=1, start_now=1, release=1)
 
 
@@ -393,16 +393,16 @@ def test_an_ending_attempt_is_waited_for(store, clock):
         act.run_once()
         clock[0] += 1
     rec = store.rec(rec_id)
-    assert not slurm.calls and rec["status"] == "executing" and rec["held_at"] is None
+    assert not slurm.calls and rec.status == "executing" and rec.held_at is None
     drive(act, store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done" and slurm.calls["requeue_hold"] == 1
+    assert store.rec(rec_id).status == "done" and slurm.calls["requeue_hold"] == 1
 
 
 def test_plain_requeue_without_exclusions(store, clock):
     slurm = FakeSlurm()
     rec_id = add_job_rec(store, slurm, action="requeue", exclude=())
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done"
+    assert store.rec(rec_id).status == "done"
     assert slurm.calls == Counter(requeue_hold=1, start_now=1, release=1)
     assert slurm.job["excluded"] == ()
 
@@ -414,7 +414,7 @@ def test_monitor_mode_recommendations_are_never_acted_on(store, clock):
     for _ in range(5):
         assert act.run_once() == 0
         clock[0] += 10
-    assert store.rec(rec_id)["status"] == "proposed"
+    assert store.rec(rec_id).status == "proposed"
     assert not slurm.calls and slurm.list_calls == 0
 
 
@@ -432,7 +432,7 @@ def test_crash_after_any_step_then_restart_finishes_once(store, clock, killed,
         drive(first, store, rec_id, clock)
     assert killed == [(os.getpid(), signal.SIGKILL)]
     assert steps(store, rec_id)[-1] == (step, "ok")       # the crash came right after it
-    assert store.rec(rec_id)["status"] in OPEN_STATUSES
+    assert store.rec(rec_id).status in OPEN_STATUSES
 
     # a restarted agent: a fresh Actuator on the same store, the same Slurm
     second = make_actuator(store, slurm, clock)
@@ -440,7 +440,7 @@ def test_crash_after_any_step_then_restart_finishes_once(store, clock, killed,
     drive(second, store, rec_id, clock)
 
     rec = store.rec(rec_id)
-    assert rec["status"] == "done", rec["error"]
+    assert rec.status == "done", rec.error
     # every Slurm call exactly once, across both agents
     assert slurm.calls == Counter(allow_requeue=1, requeue_hold=1, set_excluded_nodes=1,
                                   start_now=1, release=1)
@@ -470,7 +470,7 @@ def test_crash_inside_a_step(store, clock, step, when):
     setattr(slurm, f"crash_{when}", None)
     clock[0] += 1
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done"
+    assert store.rec(rec_id).status == "done"
     assert slurm.calls["requeue_hold"] == 1 and slurm.calls["allow_requeue"] == 1
     assert slurm.calls["set_excluded_nodes"] == 1
     if when == "before":
@@ -490,7 +490,7 @@ def test_restart_long_after_a_crash_still_requeues_only_once(store, clock, kille
               store, rec_id, clock)
     clock[0] += 10 * 60.0
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
-    assert store.rec(rec_id)["status"] in ("done", "released_by_watchdog")
+    assert store.rec(rec_id).status in ("done", "released_by_watchdog")
     assert slurm.calls["requeue_hold"] == 1
     assert slurm.job["held"] is False and slurm.job["restart_count"] == 1
 
@@ -503,12 +503,12 @@ def test_requeued_by_someone_else_expires_and_does_nothing(store, clock, held):
     slurm.requeue_by_someone_else(held=held)
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "expired"
-    assert "someone else" in rec["error"]
+    assert rec.status == "expired"
+    assert "someone else" in rec.error
     assert not slurm.calls                       # zero mutating calls
     assert slurm.job["held"] is held             # not ours to release
     assert steps(store, rec_id) == []
-    assert rec["held_at"] is None
+    assert rec.held_at is None
 
 
 def test_restarted_twice_since_the_decision_expires(store, clock):
@@ -519,7 +519,7 @@ def test_restarted_twice_since_the_decision_expires(store, clock):
     slurm.requeue_by_someone_else()
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "expired" and "restarted 2 times" in rec["error"]
+    assert rec.status == "expired" and "restarted 2 times" in rec.error
     assert not slurm.calls
 
 
@@ -530,7 +530,7 @@ def test_job_id_reused_expires(store, clock):
     slurm.job.update(submit_time=SUBMIT + 86400, state="RUNNING")
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "expired" and "another job" in rec["error"]
+    assert rec.status == "expired" and "another job" in rec.error
     assert not slurm.calls
 
 
@@ -540,7 +540,7 @@ def test_job_vanished_expires(store, clock):
     slurm.job = None
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "expired" and "gone" in rec["error"]
+    assert rec.status == "expired" and "gone" in rec.error
     assert not slurm.calls
 
 
@@ -553,7 +553,7 @@ def test_job_active_again_at_the_same_attempt_expires(store, clock, state, held)
     slurm.job.update(state=state, held=held)
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "expired" and state in rec["error"]
+    assert rec.status == "expired" and state in rec.error
     assert not slurm.calls
 
 
@@ -565,7 +565,7 @@ def test_job_slurm_put_back_in_the_queue_gets_our_exclusions(store, clock):
     slurm.job.update(state="PENDING", held=False)
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "done" and "itself" in rec["error"]
+    assert rec.status == "done" and "itself" in rec.error
     assert slurm.calls == Counter(set_excluded_nodes=1, start_now=1)
     assert slurm.job["excluded"] == ("gpu2",)
 
@@ -580,7 +580,7 @@ def test_job_put_back_that_starts_before_the_exclusion_expires(store, clock):
     slurm.job.update(state="RUNNING")       # it started meanwhile
     drive(act, store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "expired" and "RUNNING" in rec["error"]
+    assert rec.status == "expired" and "RUNNING" in rec.error
     assert "requeue_hold" not in slurm.calls
 
 
@@ -596,11 +596,11 @@ def test_job_vanishing_during_the_requeue_expires(store, clock):
     slurm.requeue_hold = gone
     drive(act, store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "expired" and "vanished" in rec["error"]
+    assert rec.status == "expired" and "vanished" in rec.error
     # Slurm answered "no such job": the call did not happen
     assert steps(store, rec_id) == [("requeue_hold", "started"), ("requeue_hold", "refused")]
     assert store.steps(rec_id)[-1]["detail"] == "not found"
-    assert rec["tries"] == 0
+    assert rec.tries == 0
 
 
 # -- 4. scontrol failing ------------------------------------------------------------
@@ -614,7 +614,7 @@ def test_failing_requeue_is_retried_with_backoff_then_fails(store, clock):
     act.run_once()
     rec = store.rec(rec_id)
     assert slurm.calls["requeue_hold"] == 1
-    assert rec["status"] == "executing" and rec["tries"] == 1 and rec["next_try"] == t0 + 2
+    assert rec.status == "executing" and rec.tries == 1 and rec.next_try == t0 + 2
 
     clock[0] = t0 + 1.9                 # before next_try: left alone
     act.run_once()
@@ -624,7 +624,7 @@ def test_failing_requeue_is_retried_with_backoff_then_fails(store, clock):
     act.run_once()
     rec = store.rec(rec_id)
     assert slurm.calls["requeue_hold"] == 2
-    assert rec["tries"] == 2 and rec["next_try"] == t0 + 2 + 4
+    assert rec.tries == 2 and rec.next_try == t0 + 2 + 4
 
     clock[0] = t0 + 5.5
     act.run_once()
@@ -633,15 +633,15 @@ def test_failing_requeue_is_retried_with_backoff_then_fails(store, clock):
     clock[0] = t0 + 6                   # third and last try
     assert act.run_once() == 0
     rec = store.rec(rec_id)
-    assert rec["status"] == "failed" and rec["tries"] == 3
-    assert "requeue_hold" in rec["error"] and "timed out" in rec["error"]
-    assert "after 3 tries" in rec["error"]
-    assert rec["next_try"] is None and rec["held_at"] is None
+    assert rec.status == "failed" and rec.tries == 3
+    assert "requeue_hold" in rec.error and "timed out" in rec.error
+    assert "after 3 tries" in rec.error
+    assert rec.next_try is None and rec.held_at is None
     assert slurm.calls == Counter(requeue_hold=3)          # never held: nothing to release
     assert steps(store, rec_id) == [("requeue_hold", "started"),
                                     ("requeue_hold", "failed")] * 3
     assert "Socket timed out" in store.steps(rec_id)[1]["detail"]
-    assert [e["kind"] for e in store.timeline(rec["job"])] == ["rec_failed"]
+    assert [e["kind"] for e in store.timeline(rec.job)] == ["rec_failed"]
 
 
 def test_transient_failure_then_success(store, clock):
@@ -650,7 +650,7 @@ def test_transient_failure_then_success(store, clock):
     rec_id = add_job_rec(store, slurm)
     drive(make_actuator(store, slurm, clock, retry_backoff=1), store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "done" and rec["tries"] == 1
+    assert rec.status == "done" and rec.tries == 1
     assert slurm.calls == Counter(requeue_hold=2, set_excluded_nodes=1, start_now=1,
                                   release=1)
     assert slurm.job["restart_count"] == 1
@@ -671,7 +671,7 @@ def test_a_controller_restart_before_the_release_gets_start_now_again(store, clo
     assert ("release", "failed") in steps(store, rec_id)
     slurm.job.update(excluded=(), start_now=False)   # the restarted controller forgot them
     drive(act, store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done"
+    assert store.rec(rec_id).status == "done"
     assert slurm.job["excluded"] == ("gpu2",) and slurm.job["start_now"] is True
     assert slurm.calls["start_now"] == 2 and slurm.calls["release"] == 2
     again = [s["detail"] for s in store.steps(rec_id) if s["step"] == "start_now"]
@@ -692,7 +692,7 @@ def test_timed_out_requeue_that_took_effect_is_not_repeated(store, clock):
     rec_id = add_job_rec(store, slurm)
     drive(make_actuator(store, slurm, clock, retry_backoff=1), store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "done"
+    assert rec.status == "done"
     assert slurm.calls["requeue_hold"] == 1 and slurm.job["restart_count"] == 1
     assert slurm.job["held"] is False and slurm.job["excluded"] == ("gpu2",)
 
@@ -708,13 +708,32 @@ def test_a_retry_due_past_the_decision_timeout_fails_open(store, clock):
     slurm.fail_next, slurm.fail_only = 1000, {"set_excluded_nodes"}
     clock[0] = t0 + 1
     act.run_once()                                   # try 1 fails, retry at t0 + 2
-    assert store.rec(rec_id)["tries"] == 1
+    assert store.rec(rec_id).tries == 1
     clock[0] = t0 + 100
     act.run_once()
     rec = store.rec(rec_id)
-    assert rec["status"] == "failed" and "after 2 tries" in rec["error"]
+    assert rec.status == "failed" and "after 2 tries" in rec.error
     assert slurm.calls["set_excluded_nodes"] == 2
-    assert slurm.job["held"] is False and rec["held_at"] is None
+    assert slurm.job["held"] is False and rec.held_at is None
+
+
+def test_a_failed_step_is_judged_on_the_record_as_the_pass_left_it(store, clock):
+    """A requeue-hold made again (a controller that lost the first) holds the job
+    anew: when that call fails, the retry is judged on the new hold, not on the
+    record as the pass read it (whose old hold is past the decision timeout)."""
+    slurm = FakeSlurm(state="FAILED")
+    rec_id = add_job_rec(store, slurm)
+    act = make_actuator(store, slurm, clock, decision_timeout=60, action_retries=3)
+    t0 = clock[0]
+    act.run_once()                                   # held at t0
+    assert store.rec(rec_id).held_at == t0
+    slurm.job.update(restart_count=0, submit_time=SUBMIT, state="FAILED", held=False)
+    slurm.fail_next, slurm.fail_only = 1, {"requeue_hold"}
+    clock[0] = t0 + 100
+    act.run_once()                                   # held again, and that call fails
+    rec = store.rec(rec_id)
+    assert rec.status == "executing" and rec.tries == 1 and rec.held_at == t0 + 100
+    assert rec.next_try is not None
 
 
 def test_allow_requeue_is_done_once_even_if_listings_lag(store, clock):
@@ -724,7 +743,7 @@ def test_allow_requeue_is_done_once_even_if_listings_lag(store, clock):
     rec_id = add_job_rec(store, slurm)
     slurm.fail_next, slurm.fail_only = 1, {"requeue_hold"}
     drive(make_actuator(store, slurm, clock, retry_backoff=1), store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done"
+    assert store.rec(rec_id).status == "done"
     assert slurm.calls["allow_requeue"] == 1 and slurm.calls["requeue_hold"] == 2
 
 
@@ -739,14 +758,14 @@ def test_failing_exclusion_fails_open_and_releases_our_hold(store, clock):
     drive(act, store, rec_id, clock)
 
     rec = store.rec(rec_id)
-    assert rec["status"] == "failed"
-    assert "exclude" in rec["error"] and "after 3 tries" in rec["error"]
+    assert rec.status == "failed"
+    assert "exclude" in rec.error and "after 3 tries" in rec.error
     assert slurm.calls["set_excluded_nodes"] == 3
     assert slurm.job["held"] is False                # fail open
     assert slurm.job["excluded"] == () and slurm.job["start_now"] is True
     assert slurm.calls["release"] == 1 and slurm.calls["requeue_hold"] == 1
     assert ("release_after_failed", "ok") in steps(store, rec_id)
-    assert rec["held_at"] is None
+    assert rec.held_at is None
 
 
 def test_a_hold_that_could_not_be_lifted_is_left_for_the_watchdog(store, clock):
@@ -760,8 +779,8 @@ def test_a_hold_that_could_not_be_lifted_is_left_for_the_watchdog(store, clock):
     clock[0] += 1
     drive(act, store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "failed"
-    assert slurm.job["held"] is True and rec["held_at"] == t0   # still marked
+    assert rec.status == "failed"
+    assert slurm.job["held"] is True and rec.held_at == t0   # still marked
 
     slurm.fail_next = 0                              # scontrol works again
     clock[0] = t0 + 59
@@ -771,7 +790,7 @@ def test_a_hold_that_could_not_be_lifted_is_left_for_the_watchdog(store, clock):
     act.run_once()
     rec = store.rec(rec_id)
     assert slurm.job["held"] is False
-    assert rec["status"] == "failed" and rec["held_at"] is None
+    assert rec.status == "failed" and rec.held_at is None
     assert ("watchdog_release", "ok") in steps(store, rec_id)
 
 
@@ -785,7 +804,7 @@ def test_last_try_requeue_that_took_effect_does_not_strand_the_job(store, clock)
     slurm.fail_next, slurm.fail_mode = 1, "late"     # timed out, but slurmctld requeued it
     act.run_once()
     rec = store.rec(rec_id)
-    assert rec["status"] == "failed" and "after 1 tries" in rec["error"]
+    assert rec.status == "failed" and "after 1 tries" in rec.error
     assert slurm.job["restart_count"] == 1 and slurm.calls["requeue_hold"] == 1
     for _ in range(5):                               # well past the decision timeout
         clock[0] += 60
@@ -804,13 +823,13 @@ def test_fail_open_when_the_job_cannot_be_read_leaves_it_to_the_watchdog(store, 
     clock[0] = t0 + 1
     act.run_once()
     rec = store.rec(rec_id)
-    assert rec["status"] == "failed" and rec["held_at"] == t0   # still marked
+    assert rec.status == "failed" and rec.held_at == t0   # still marked
     assert slurm.job["held"] is True and slurm.calls["release"] == 0
     clock[0] = t0 + 60
     act.run_once()                                   # the watchdog lets it go
     rec = store.rec(rec_id)
-    assert slurm.job["held"] is False and rec["held_at"] is None
-    assert rec["status"] == "failed"
+    assert slurm.job["held"] is False and rec.held_at is None
+    assert rec.status == "failed"
 
 
 def test_last_try_requeue_still_completing_is_released_once_held(store, clock):
@@ -821,12 +840,12 @@ def test_last_try_requeue_still_completing_is_released_once_held(store, clock):
     slurm.fail_next, slurm.fail_mode = 1, "late"
     act.run_once()
     rec = store.rec(rec_id)
-    assert rec["status"] == "failed" and rec["held_at"] == t0
+    assert rec.status == "failed" and rec.held_at == t0
     for _ in range(70):
         clock[0] += 1
         act.run_once()
     assert slurm.as_job().state == "PENDING" and slurm.job["held"] is False
-    assert store.rec(rec_id)["held_at"] is None
+    assert store.rec(rec_id).held_at is None
     assert slurm.calls["requeue_hold"] == 1
 
 
@@ -841,12 +860,12 @@ def test_slurmctld_down_waits_then_completes(store, clock):
         assert act.run_once() == 1
         clock[0] += 1
     assert not slurm.calls
-    assert store.rec(rec_id)["status"] == "proposed" and act.waiting_for_slurm
+    assert store.rec(rec_id).status == "proposed" and act.waiting_for_slurm
     assert steps(store, rec_id) == []
 
     slurm.down = False
     drive(act, store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done" and not act.waiting_for_slurm
+    assert store.rec(rec_id).status == "done" and not act.waiting_for_slurm
     assert slurm.calls["requeue_hold"] == 1
 
 
@@ -861,10 +880,10 @@ def test_slurmctld_down_while_held_waits_then_completes(store, clock):
         clock[0] += 1
         assert act.run_once() == 1
     assert slurm.calls == Counter(requeue_hold=1)
-    assert store.rec(rec_id)["status"] == "executing"
+    assert store.rec(rec_id).status == "executing"
     slurm.down = False
     drive(act, store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done"
+    assert store.rec(rec_id).status == "done"
     assert slurm.calls == Counter(requeue_hold=1, set_excluded_nodes=1, start_now=1,
                                   release=1)
 
@@ -895,10 +914,10 @@ def test_read_failure_inside_a_node_step_only_waits(store, clock):
         act.run_once()
         clock[0] += 1
     rec = store.rec(rec_id)
-    assert rec["status"] == "proposed" and rec["tries"] == 0
+    assert rec.status == "proposed" and rec.tries == 0
     slurm.get_node = real
     drive(act, store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done"
+    assert store.rec(rec_id).status == "done"
 
 
 # -- 6. the watchdog ------------------------------------------------------------------
@@ -914,18 +933,18 @@ def test_watchdog_releases_a_job_held_past_the_decision_timeout(store, clock):
         clock[0] += 1
         act.run_once()
     rec = store.rec(rec_id)
-    assert rec["status"] == "executing" and slurm.job["held"] is True
+    assert rec.status == "executing" and slurm.job["held"] is True
     assert slurm.calls["set_excluded_nodes"] >= 2
 
     clock[0] = t0 + 60
     act.run_once()
     rec = store.rec(rec_id)
-    assert rec["status"] == "released_by_watchdog"
-    assert "policy.decision_timeout=60s" in rec["error"]
+    assert rec.status == "released_by_watchdog"
+    assert "policy.decision_timeout=60s" in rec.error
     assert slurm.job["held"] is False and slurm.job["start_now"] is True
     assert slurm.calls["release"] == 1 and slurm.calls["requeue_hold"] == 1
     assert ("watchdog_release", "ok") in steps(store, rec_id)
-    assert "rec_released_by_watchdog" in [e["kind"] for e in store.timeline(rec["job"])]
+    assert "rec_released_by_watchdog" in [e["kind"] for e in store.timeline(rec.job)]
 
 
 def test_watchdog_does_not_strand_a_job_stuck_completing(store, clock):
@@ -947,8 +966,8 @@ def test_watchdog_does_not_strand_a_job_stuck_completing(store, clock):
         clock[0] += 1
     assert slurm.calls["requeue_hold"] == 1
     rec = store.rec(rec_id)
-    assert rec["status"] in FINAL_STATUSES
-    assert slurm.job["held"] is False, f"rec {rec['status']}: job left held"
+    assert rec.status in FINAL_STATUSES
+    assert slurm.job["held"] is False, f"rec {rec.status}: job left held"
 
 
 def test_watchdog_retries_a_release_that_failed(store, clock):
@@ -961,16 +980,16 @@ def test_watchdog_retries_a_release_that_failed(store, clock):
     slurm.fail_next, slurm.fail_only = 1, {"set_excluded_nodes"}
     clock[0] = t0 + 1
     act.run_once()                                   # exclusion fails: a long backoff
-    assert store.rec(rec_id)["next_try"] == t0 + 1 + 1000
+    assert store.rec(rec_id).next_try == t0 + 1 + 1000
     slurm.fail_next, slurm.fail_only = 1, {"release"}
     clock[0] = t0 + 60
     act.run_once()                                   # the watchdog's release fails
     rec = store.rec(rec_id)
     assert slurm.calls["release"] == 1 and slurm.job["held"] is True
-    assert rec["status"] in OPEN_STATUSES            # kept for the next pass
+    assert rec.status in OPEN_STATUSES            # kept for the next pass
     clock[0] += 1
     act.run_once()
-    assert store.rec(rec_id)["status"] == "released_by_watchdog"
+    assert store.rec(rec_id).status == "released_by_watchdog"
     assert slurm.calls["release"] == 2 and slurm.job["held"] is False
 
 
@@ -984,7 +1003,7 @@ def test_watchdog_never_releases_a_hold_that_is_not_ours(store, clock):
     act.run_once()
     assert not slurm.calls and slurm.job["held"] is True
     rec = store.rec(rec_id)
-    assert rec["status"] == "expired" and rec["held_at"] is None
+    assert rec.status == "expired" and rec.held_at is None
 
 
 def test_watchdog_runs_on_its_own(store, clock):
@@ -998,7 +1017,7 @@ def test_watchdog_runs_on_its_own(store, clock):
     assert act.watchdog(listing, clock[0]) == []
     clock[0] = t0 + 61
     assert act.watchdog(listing, clock[0]) == [rec_id]
-    assert store.rec(rec_id)["status"] == "released_by_watchdog"
+    assert store.rec(rec_id).status == "released_by_watchdog"
     assert slurm.job["held"] is False
 
 
@@ -1008,7 +1027,7 @@ def test_drain_node(store, clock):
     rec_id = add_node_rec(store, "drain_node", node="gpu3")
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "done"
+    assert rec.status == "done"
     assert slurm.calls == Counter(drain_node=1)
     node = slurm.get_node("gpu3")
     assert node.drained and node.reason.startswith(f"recovery: {rec_id}")
@@ -1025,7 +1044,7 @@ def test_drain_of_a_node_someone_else_drained_is_left_alone(store, clock):
     rec_id = add_node_rec(store, "drain_node", node="gpu3")
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "done" and "someone else" in rec["error"]
+    assert rec.status == "done" and "someone else" in rec.error
     assert not slurm.calls
     assert not (store.node("gpu3") or {}).get("drained_by_us")
     assert slurm.get_node("gpu3").reason == "admin: bad fan"
@@ -1039,7 +1058,7 @@ def test_drain_already_ours_is_recorded_without_a_call(store, clock):
     store.add_step(rec_id, "drain", "started", drain_reason(rec_id, "xid"))
     slurm.drain_by_someone_else("gpu3", drain_reason(rec_id, "xid"))
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done"
+    assert store.rec(rec_id).status == "done"
     assert not slurm.calls
     assert store.node("gpu3")["drained_by_us"] == 1
 
@@ -1049,7 +1068,7 @@ def test_drain_of_an_unknown_node_fails(store, clock):
     rec_id = add_node_rec(store, "drain_node", node="nosuch")
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "failed" and "no longer exists" in rec["error"]
+    assert rec.status == "failed" and "no longer exists" in rec.error
     assert not slurm.calls
 
 
@@ -1058,7 +1077,7 @@ def test_node_rec_without_a_node_fails(store, clock):
     rec_id = add_node_rec(store, "drain_node", target_nodes=[])
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "failed" and rec["error"] == "no node named"
+    assert rec.status == "failed" and rec.error == "no node named"
     assert not slurm.calls
 
 
@@ -1073,7 +1092,7 @@ def test_node_vanishing_during_the_drain_fails(store, clock):
     slurm.drain_node = vanish
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "failed" and "no longer exists" in rec["error"]
+    assert rec.status == "failed" and "no longer exists" in rec.error
     assert steps(store, rec_id) == [("drain", "started"), ("drain", "refused")]
     assert not (store.node("gpu3") or {}).get("drained_by_us")
 
@@ -1085,7 +1104,7 @@ def test_drain_failing_is_retried_then_fails(store, clock):
     drive(make_actuator(store, slurm, clock, action_retries=2, retry_backoff=1), store,
           rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "failed" and "drain" in rec["error"]
+    assert rec.status == "failed" and "drain" in rec.error
     assert slurm.calls == Counter(drain_node=2)
     assert not (store.node("gpu3") or {}).get("drained_by_us")
 
@@ -1097,7 +1116,7 @@ def test_resume_of_a_node_someone_else_drained_expires(store, clock):
     rec_id = add_node_rec(store, "resume_node", node="gpu3")
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "expired" and "someone else" in rec["error"]
+    assert rec.status == "expired" and "someone else" in rec.error
     assert not slurm.calls
     assert slurm.get_node("gpu3").drained
     assert store.node("gpu3")["drained_by_us"] == 0
@@ -1110,7 +1129,7 @@ def test_resume_of_our_drain(store, clock):
     drive(act, store, drain_id, clock)
     rec_id = add_node_rec(store, "resume_node", node="gpu3")
     drive(act, store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done"
+    assert store.rec(rec_id).status == "done"
     assert slurm.calls == Counter(drain_node=1, resume_node=1)
     assert not slurm.get_node("gpu3").drained
     row = store.node("gpu3")
@@ -1122,7 +1141,7 @@ def test_resume_of_a_node_no_longer_drained(store, clock):
     rec_id = add_node_rec(store, "resume_node", node="gpu3")
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "done" and "no longer drained" in rec["error"]
+    assert rec.status == "done" and "no longer drained" in rec.error
     assert not slurm.calls
 
 
@@ -1137,14 +1156,14 @@ def test_clean_reports_lead_to_a_resume(store, clock):
     clock[0] = drained_at + 50
     act.last_resume_check = 0
     act.run_once()
-    assert [r for r in store.recommendations() if r["action"] == "resume_node"] == []
+    assert [r for r in store.recommendations() if r.action == "resume_node"] == []
     clock[0] = drained_at + 200
     act.last_resume_check = 0
     act.run_once()
-    resumes = [r for r in store.recommendations() if r["action"] == "resume_node"]
-    assert len(resumes) == 1 and resumes[0]["target_nodes"] == ["gpu3"]
-    drive(act, store, resumes[0]["id"], clock)
-    assert store.rec(resumes[0]["id"])["status"] == "done"
+    resumes = [r for r in store.recommendations() if r.action == "resume_node"]
+    assert len(resumes) == 1 and resumes[0].target_nodes == ("gpu3",)
+    drive(act, store, resumes[0].id, clock)
+    assert store.rec(resumes[0].id).status == "done"
     assert not slurm.get_node("gpu3").drained
     assert slurm.calls == Counter(drain_node=1, resume_node=1)
 
@@ -1181,10 +1200,10 @@ def test_kill_requeue_of_a_hung_running_job(store, clock):
     clock[0] += 1
     act.run_once()                                   # the killed attempt is COMPLETING
     assert slurm.calls == Counter(requeue_hold=1)
-    assert store.rec(rec_id)["status"] == "executing"
+    assert store.rec(rec_id).status == "executing"
     clock[0] += 1
     drive(act, store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done"
+    assert store.rec(rec_id).status == "done"
     assert [c[0] for c in slurm.log] == ["requeue_hold", "set_excluded_nodes", "start_now",
                                          "release"]
     assert slurm.job["excluded"] == ("gpu1",) and slurm.job["held"] is False
@@ -1195,7 +1214,7 @@ def test_hung_job_stop_cancels_it(store, clock):
     slurm = FakeSlurm(state="RUNNING")
     rec_id = add_job_rec(store, slurm, action="stop", trigger="hang", exclude=())
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done"
+    assert store.rec(rec_id).status == "done"
     assert slurm.calls == Counter(cancel=1) and slurm.job["state"] == "CANCELLED"
 
 
@@ -1205,7 +1224,7 @@ def test_stop_of_an_ended_job_makes_no_call(store, clock, completing):
     rec_id = add_job_rec(store, slurm, action="stop", trigger="ended", exclude=())
     slurm.completing_left = 100 if completing else 0   # still listed COMPLETING
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done"
+    assert store.rec(rec_id).status == "done"
     assert not slurm.calls
 
 
@@ -1215,7 +1234,7 @@ def test_stop_of_a_hung_job_someone_already_restarted_cancels_nothing(store, clo
     slurm.requeue_by_someone_else()
     slurm.job["state"] = "RUNNING"
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done"
+    assert store.rec(rec_id).status == "done"
     assert not slurm.calls and slurm.job["state"] == "RUNNING"
 
 
@@ -1228,14 +1247,14 @@ def test_unknown_action_fails(store, clock, scope, action):
         rec_id = add_node_rec(store, action)
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "failed" and "unknown" in rec["error"]
+    assert rec.status == "failed" and "unknown" in rec.error
     assert not slurm.calls
 
 
 def test_stop_notifies_once(store, clock, monkeypatch):
     sent = []
     monkeypatch.setattr("recovery_agent.actuator.notify",
-                        lambda target, rec: sent.append((target, rec["id"])) or Sent(True, "ok"))
+                        lambda target, rec: sent.append((target, rec.id)) or Sent(True, "ok"))
     slurm = FakeSlurm(state="FAILED")
     rec_id = add_job_rec(store, slurm, action="stop", exclude=(),
                          spec="act:action,notify=https://example.invalid/hook")
@@ -1245,7 +1264,7 @@ def test_stop_notifies_once(store, clock, monkeypatch):
     drive(act, store, rec_id, clock)
     assert sent == [("https://example.invalid/hook", rec_id)]
     assert ("notify", "ok") in steps(store, rec_id)
-    assert store.rec(rec_id)["status"] == "done" and not slurm.calls
+    assert store.rec(rec_id).status == "done" and not slurm.calls
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8787/v1/environments/prod/mode",
@@ -1262,7 +1281,7 @@ def test_user_notify_url_outside_notify_allow_is_refused(store, clock, monkeypat
     drive(Actuator(cfg, store, slurm, clock=lambda: clock[0], mono=lambda: clock[0]),
           store, rec_id, clock)
     assert ("notify", "refused") in steps(store, rec_id)
-    assert store.rec(rec_id)["status"] == "done"
+    assert store.rec(rec_id).status == "done"
 
 
 def test_stop_with_an_unparsable_spec_does_not_notify(store, clock, monkeypatch):
@@ -1271,7 +1290,7 @@ def test_stop_with_an_unparsable_spec_does_not_notify(store, clock, monkeypatch)
     slurm = FakeSlurm(state="FAILED")
     rec_id = add_job_rec(store, slurm, action="stop", exclude=(), spec="act,bogus=1")
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done" and steps(store, rec_id) == []
+    assert store.rec(rec_id).status == "done" and steps(store, rec_id) == []
 
 
 # -- the loop ---------------------------------------------------------------------------
@@ -1304,7 +1323,7 @@ def test_a_requeue_the_controller_forgot_is_done_again_and_said_so(store, clock)
     slurm.job.update(state="FAILED", restart_count=0, held=False, submit_time=SUBMIT)
     slurm.completing_left = 0
     drive(act, store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done"
+    assert store.rec(rec_id).status == "done"
     assert slurm.calls["requeue_hold"] == 2 and slurm.job["restart_count"] == 1
     details = [s["detail"] for s in store.steps(rec_id)
                if s["step"] == "requeue_hold" and s["state"] == "ok"]
@@ -1326,18 +1345,18 @@ def test_watchdog_times_holds_through_clock_jumps(store, clock, step):
     act = make_actuator(store, slurm, clock, decision_timeout="120s", action_retries=20,
                         retry_backoff="1s")
     act.run_once()
-    assert slurm.job["held"] and store.rec(rec_id)["held_at"]
+    assert slurm.job["held"] and store.rec(rec_id).held_at
     jump(clock, step)
     for _ in range(10):          # 100 s of real time: not yet the 120 s timeout
         clock[0] += 10
         act.run_once()
-    assert store.rec(rec_id)["status"] == "executing" and slurm.job["held"]
+    assert store.rec(rec_id).status == "executing" and slurm.job["held"]
     for _ in range(4):           # past 120 s: released, whichever way the clock went
         clock[0] += 10
         act.run_once()
     rec = store.rec(rec_id)
-    assert rec["status"] == "released_by_watchdog" and not slurm.job["held"]
-    assert "held 1" in rec["error"]        # its real age, not hours
+    assert rec.status == "released_by_watchdog" and not slurm.job["held"]
+    assert "held 1" in rec.error        # its real age, not hours
 
 
 def test_drain_budget_survives_a_forward_jump(store, clock):
@@ -1373,7 +1392,7 @@ def test_refused_requeue_is_not_taken_for_ours(store, clock):
     clock[0] += 5
     drive(act, store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "expired" and "someone else" in rec["error"]
+    assert rec.status == "expired" and "someone else" in rec.error
 
 
 def test_second_recommendation_for_one_failure_never_acts(store, clock):
@@ -1385,9 +1404,9 @@ def test_second_recommendation_for_one_failure_never_acts(store, clock):
     second = add_job_rec(store, slurm, job=stale)
     act = make_actuator(store, slurm, clock)
     drive(act, store, first, clock)
-    assert store.rec(first)["status"] == "done"
+    assert store.rec(first).status == "done"
     rec = store.rec(second)
-    assert rec["status"] == "expired" and f"#{first}" in rec["error"]
+    assert rec.status == "expired" and f"#{first}" in rec.error
     assert slurm.calls["requeue_hold"] == 1
     assert [s for s in store.steps(second) if s["state"] == "started"] == []
 
@@ -1401,16 +1420,16 @@ def test_job_missing_from_the_listing_is_looked_up_before_it_expires(store, cloc
     slurm.list_jobs = lambda job_ids=None: []     # a listing that lost the job
     act.run_once()
     assert slurm.lookups == 1
-    assert store.rec(rec_id)["status"] in OPEN_STATUSES
+    assert store.rec(rec_id).status in OPEN_STATUSES
     assert slurm.calls["requeue_hold"] == 1       # it is there: the recovery goes on
     slurm.lookup_fails = 5                        # and cannot be confirmed: it waits
     for _ in range(5):
         clock[0] += 1
         act.run_once()
-    assert store.rec(rec_id)["status"] in OPEN_STATUSES
+    assert store.rec(rec_id).status in OPEN_STATUSES
     slurm.list_jobs = real_list
     drive(act, store, rec_id, clock)
-    assert store.rec(rec_id)["status"] == "done"
+    assert store.rec(rec_id).status == "done"
 
 
 def test_watchdog_never_lets_go_of_a_hold_it_cannot_see(store, clock):
@@ -1424,7 +1443,7 @@ def test_watchdog_never_lets_go_of_a_hold_it_cannot_see(store, clock):
     clock[0] += 60
     act.watchdog({}, clock[0])
     rec = store.rec(rec_id)
-    assert rec["status"] not in ("released_by_watchdog", "expired") and rec["held_at"]
+    assert rec.status not in ("released_by_watchdog", "expired") and rec.held_at
 
 
 
@@ -1444,7 +1463,7 @@ def test_a_human_redrain_with_our_wording_is_not_resumed(store, clock):
     resume = add_node_rec(store, "resume_node", node="gpu3")
     drive(make_actuator(store, slurm, clock), store, resume, clock)
     rec = store.rec(resume)
-    assert rec["status"] == "expired" and "someone else" in rec["error"]
+    assert rec.status == "expired" and "someone else" in rec.error
     assert "resume_node" not in slurm.calls
     assert slurm.get_node("gpu3").drained
     assert not store.node("gpu3")["drained_by_us"]
@@ -1455,7 +1474,7 @@ def test_our_own_drain_is_resumed(store, clock):
     drained_by_us(store, slurm, clock)
     resume = add_node_rec(store, "resume_node", node="gpu3")
     drive(make_actuator(store, slurm, clock), store, resume, clock)
-    assert store.rec(resume)["status"] == "done" and slurm.calls["resume_node"] == 1
+    assert store.rec(resume).status == "done" and slurm.calls["resume_node"] == 1
 
 
 def test_drain_with_our_wording_is_not_taken_for_ours(store, clock):
@@ -1465,7 +1484,7 @@ def test_drain_with_our_wording_is_not_taken_for_ours(store, clock):
     rec_id = add_node_rec(store, "drain_node", node="gpu3")
     slurm.drain_by_someone_else("gpu3", drain_reason(rec_id, "xid"))
     drive(make_actuator(store, slurm, clock), store, rec_id, clock)
-    assert "someone else" in store.rec(rec_id)["error"]
+    assert "someone else" in store.rec(rec_id).error
     assert not (store.node("gpu3") or {}).get("drained_by_us")
 
 
@@ -1505,7 +1524,7 @@ def test_a_call_cut_off_mid_answer_may_have_happened(store, clock):
     slurm.requeue_hold = real
     drive(act, store, rec_id, clock)
     rec = store.rec(rec_id)
-    assert rec["status"] == "done" and slurm.job["excluded"] == ("gpu2",)
+    assert rec.status == "done" and slurm.job["excluded"] == ("gpu2",)
     assert not slurm.job["held"]
 
 

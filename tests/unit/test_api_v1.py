@@ -86,7 +86,7 @@ def test_advisor_lifecycle_ack_then_complete(tmp_path):
     assert bad.status_code == 400
     done = post(client, f"/v1/recommendations/{rec}/complete", ADMIN,
                 {"outcome": "done", "detail": "requeued by the site controller"})
-    assert done.status_code == 200 and store.rec(rec)["status"] == "done"
+    assert done.status_code == 200 and store.rec(rec).status == "done"
     assert [s["step"] for s in store.steps(rec)] == ["claimed", "completed"]
     audit = [e for e in store.timeline(1) if e["kind"].startswith("api_")]
     assert [e["kind"] for e in audit] == ["api_ack", "api_complete"]
@@ -112,7 +112,7 @@ def test_stale_recommendation_ack_is_409_and_expires(tmp_path):
     add_job(store, restarts=1)              # the job restarted meanwhile
     answer = post(client, f"/v1/recommendations/{rec}/ack", ADMIN)
     assert answer.status_code == 409 and "stale" in answer.json()["detail"]
-    assert store.rec(rec)["status"] == "expired"
+    assert store.rec(rec).status == "expired"
 
 
 def test_only_external_recommendations_are_claimed(tmp_path):
@@ -137,7 +137,7 @@ def test_cancel_before_anything_ran(tmp_path):
     _, store, client = make(tmp_path)
     rec = add_rec(store, add_job(store))
     answer = post(client, f"/v1/recommendations/{rec}/cancel", OWNER, {"reason": "mine"})
-    assert answer.status_code == 200 and store.rec(rec)["status"] == "cancelled"
+    assert answer.status_code == 200 and store.rec(rec).status == "cancelled"
     assert post(client, f"/v1/recommendations/{rec}/cancel", OWNER).status_code == 409
 
 

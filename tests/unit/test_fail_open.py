@@ -51,7 +51,7 @@ def test_watchdog_releases_with_the_store_full(disk, clock):
         act.run_once()
         assert not slurm.job["held"], "the job stayed held with the store full"
         assert slurm.calls["release"] == 1
-        assert store.rec(rec_id)["status"] in OPEN_STATUSES    # not written yet
+        assert store.rec(rec_id).status in OPEN_STATUSES    # not written yet
         assert len(act.journal) >= 3
         clock[0] += 5
         act.run_once()               # no second release while the record waits
@@ -60,7 +60,7 @@ def test_watchdog_releases_with_the_store_full(disk, clock):
         clock[0] += 1
         act.run_once()
         rec = store.rec(rec_id)
-        assert rec["status"] == "released_by_watchdog" and rec["held_at"] is None
+        assert rec.status == "released_by_watchdog" and rec.held_at is None
         late = [s for s in store.steps(rec_id) if "recorded late" in (s["detail"] or "")]
         assert {(s["step"], s["state"]) for s in late} >= {("watchdog_release", "started"),
                                                            ("watchdog_release", "ok")}

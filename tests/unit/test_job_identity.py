@@ -85,10 +85,10 @@ def test_reused_id_inherits_nothing(loop, tmp_path, comment, expect_rows):
     assert rows[0]["state"] == "GONE"
     # nothing acts on the new job in action mode: it never asked for it
     recs = store.recommendations()
-    assert [r for r in recs if r["mode"] == "action"] == []
+    assert [r for r in recs if r.mode == "action"] == []
     if comment:
         assert rows[1]["submit_time"] == new.submit_time and rows[1]["mode"] == "monitor"
-        assert all(r["job"] == rows[1]["id"] for r in recs)
+        assert all(r.job == rows[1]["id"] for r in recs)
     reused = [e for e in store.timeline(rows[0]["id"]) if e["kind"] == "id_reused"]
     assert len(reused) == 1
     # the old job's timeline does not fill with the new job's state every cycle

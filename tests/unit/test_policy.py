@@ -367,27 +367,27 @@ def test_action_mode_stores_a_proposed_recommendation_with_its_audit(tmp_path):
     out = run(r, pk, job, HW, detections=[XID])
     assert out.mode == "action" and out.decision.action == "requeue_exclude"
     rec = r.store.job_rec(pk, 0)
-    assert out.recs[0] == rec["id"] and len(out.recs) == 2
-    assert rec["status"] == "proposed" and rec["mode"] == "action"
-    assert (rec["scope"], rec["action"], rec["rule"]) == ("job", "requeue_exclude", "hardware")
-    assert rec["target_nodes"] == ["n1"] and rec["exclude"] == ["n1"]
-    assert rec["evidence"] == [{
+    assert out.recs[0] == rec.id and len(out.recs) == 2
+    assert rec.status == "proposed" and rec.mode == "action"
+    assert (rec.scope, rec.action, rec.rule) == ("job", "requeue_exclude", "hardware")
+    assert rec.target_nodes == ("n1",) and rec.exclude == ("n1",)
+    assert rec.evidence == [{
         "pattern": "xid.79", "category": "gpu_hardware", "node": "n1", "gpu": "0000:3b:00",
         "xid": 79, "lines": [{"text": XID.evidence[0].text, "source": "hook:n1/epilog",
                               "line": 3, "time": None}]}]
-    assert rec["pattern_ids"] == ["xid.79"]
-    assert rec["attribution"] == {"blame": "node", "category": "gpu_hardware",
+    assert rec.pattern_ids == ("xid.79",)
+    assert rec.attribution == {"blame": "node", "category": "gpu_hardware",
                                   "confidence": 0.95, "nodes": ["n1"],
                                   "gpus": ["0000:3b:00"], "reason": HW.reason,
                                   "action": "requeue_exclude", "signature": "",
                                   "suspects": [], "unexplained": False, "where": []}
-    assert rec["restart_at"] == 0 and rec["attempt"] == 0
-    assert (rec["job_id"], rec["cluster"], rec["env"], rec["trigger"]) == \
+    assert rec.restart_at == 0 and rec.attempt == 0
+    assert (rec.job_id, rec.cluster, rec.env, rec.trigger) == \
         ("77", "c1", "prod", "ended")
-    assert (rec["user"], rec["workload"], rec["actor"]) == ("alice", "train", "agent")
-    assert rec["detected_at"] == r.now and rec["submit_time"] == 1000
+    assert (rec.user, rec.workload, rec.actor) == ("alice", "train", "agent")
+    assert rec.detected_at == r.now and rec.submit_time == 1000
     (event,) = events(r, pk, "recommendation")
-    assert event["data"]["rec"] == rec["id"] and event["data"]["action"] == "requeue_exclude"
+    assert event["data"]["rec"] == rec.id and event["data"]["action"] == "requeue_exclude"
     assert event["data"]["mode"] == "action" and event["attempt"] == 0
     assert "drain n1" in event["message"]
     assert r.woken == [1]
@@ -400,9 +400,9 @@ def test_monitor_mode_stores_what_would_have_been_done(tmp_path):
     out = run(r, pk, job, HW, detections=[XID])
     assert out.mode == "monitor"
     recs = r.store.recommendations(job_pk=pk)
-    assert [x["status"] for x in recs] == ["would_have", "would_have"]
-    assert [x["action"] for x in recs] == ["requeue_exclude", "drain_node"]
-    assert recs[0]["mode"] == "monitor"
+    assert [x.status for x in recs] == ["would_have", "would_have"]
+    assert [x.action for x in recs] == ["requeue_exclude", "drain_node"]
+    assert recs[0].mode == "monitor"
     assert r.store.recommendations(("proposed", "executing")) == []
     assert r.woken == []   # nothing for the actuator
     (event,) = events(r, pk, "recommendation")
@@ -421,7 +421,7 @@ def test_an_attempt_is_decided_once_but_its_verdict_event_is_still_written(tmp_p
     assert len(recs) == 2 and len(strikes) == 1
     again = run(r, pk, job, HW, detections=[XID], verdict_event=dict(verdict_event))
     assert again is None
-    assert [x["id"] for x in r.store.recommendations()] == [x["id"] for x in recs]
+    assert [x.id for x in r.store.recommendations()] == [x.id for x in recs]
     assert len(r.store.strikes()) == 1
     assert len(events(r, pk, "verdict")) == 2
     assert len(events(r, pk, "recommendation")) == 1
@@ -433,13 +433,13 @@ def test_a_job_spec_lowers_the_mode_but_cannot_raise_it(tmp_path):
     job = slurm_job()
     pk = register(r, job, spec="prod:monitor")
     out = run(r, pk, job, UNKNOWN, spec="prod:monitor")
-    assert out.mode == "monitor" and r.store.job_rec(pk, 0)["status"] == "would_have"
-    assert r.store.job_rec(pk, 0)["mode"] == "monitor"
+    assert out.mode == "monitor" and r.store.job_rec(pk, 0).status == "would_have"
+    assert r.store.job_rec(pk, 0).mode == "monitor"
 
     r = rig(tmp_path / "b", mode="monitor")
     pk = register(r, job, spec="prod:action")
     out = run(r, pk, job, UNKNOWN, spec="prod:action")
-    assert out.mode == "monitor" and r.store.job_rec(pk, 0)["status"] == "would_have"
+    assert out.mode == "monitor" and r.store.job_rec(pk, 0).status == "would_have"
 
 
 def test_hardware_verdict_makes_a_drain_rec_under_the_job_rec(tmp_path):
@@ -448,11 +448,11 @@ def test_hardware_verdict_makes_a_drain_rec_under_the_job_rec(tmp_path):
     pk = register(r, job)
     out = run(r, pk, job, HW, detections=[XID])
     job_rec, drain = (r.store.rec(i) for i in out.recs)
-    assert drain["scope"] == "node" and drain["parent"] == job_rec["id"]
-    assert drain["action"] == "drain_node" and drain["target_nodes"] == ["n1"]
-    assert drain["status"] == "proposed" and drain["error"] is None
-    assert drain["rule"] == "hardware" and drain["reason_category"] == "gpu_hardware"
-    assert drain["exclude"] == []
+    assert drain.scope == "node" and drain.parent == job_rec.id
+    assert drain.action == "drain_node" and drain.target_nodes == ("n1",)
+    assert drain.status == "proposed" and drain.error is None
+    assert drain.rule == "hardware" and drain.reason_category == "gpu_hardware"
+    assert drain.exclude == ()
     assert events(r, pk, "blocked_by_budget") == []
 
 
@@ -462,12 +462,12 @@ def test_drain_over_the_hourly_budget_is_blocked_but_the_requeue_goes_ahead(tmp_
     pk = register(r, job)
     out = run(r, pk, job, HW, detections=[XID])
     job_rec, drain = (r.store.rec(i) for i in out.recs)
-    assert job_rec["status"] == "proposed" and job_rec["action"] == "requeue_exclude"
-    assert drain["status"] == "blocked_by_budget" and drain["parent"] == job_rec["id"]
-    assert "policy.max_drains_per_hour=0" in drain["error"]
-    assert drain["reason"] == drain["error"]
+    assert job_rec.status == "proposed" and job_rec.action == "requeue_exclude"
+    assert drain.status == "blocked_by_budget" and drain.parent == job_rec.id
+    assert "policy.max_drains_per_hour=0" in drain.error
+    assert drain.reason == drain.error
     (event,) = events(r, pk, "blocked_by_budget")
-    assert f"#{drain['id']}" in event["message"] and "n1" in event["message"]
+    assert f"#{drain.id}" in event["message"] and "n1" in event["message"]
 
 
 def test_drain_over_the_partition_share_is_blocked(tmp_path):
@@ -476,8 +476,8 @@ def test_drain_over_the_partition_share_is_blocked(tmp_path):
     pk = register(r, job)
     out = run(r, pk, job, HW, detections=[XID])
     drain = r.store.rec(out.recs[1])
-    assert drain["status"] == "blocked_by_budget"
-    assert "partition gpu" in drain["error"] and "policy.max_drained_percent" in drain["error"]
+    assert drain.status == "blocked_by_budget"
+    assert "partition gpu" in drain.error and "policy.max_drained_percent" in drain.error
 
 
 def test_drain_is_blocked_when_slurm_cannot_be_asked(tmp_path):
@@ -485,9 +485,9 @@ def test_drain_is_blocked_when_slurm_cannot_be_asked(tmp_path):
     job = slurm_job()
     pk = register(r, job)
     out = run(r, pk, job, HW, detections=[XID])
-    assert r.store.rec(out.recs[0])["status"] == "proposed"
+    assert r.store.rec(out.recs[0]).status == "proposed"
     drain = r.store.rec(out.recs[1])
-    assert drain["status"] == "blocked_by_budget" and "unreachable" in drain["error"]
+    assert drain.status == "blocked_by_budget" and "unreachable" in drain.error
 
 
 def test_no_new_checkpoint_over_three_attempts_stops(tmp_path):
@@ -497,8 +497,8 @@ def test_no_new_checkpoint_over_three_attempts_stops(tmp_path):
     out = run(r, pk, job, UNKNOWN, spec="prod,ckpt=/x")
     assert (out.decision.action, out.decision.rule) == ("stop", "no_progress")
     rec = r.store.job_rec(pk, 2)
-    assert rec["action"] == "stop" and rec["rule"] == "no_progress"
-    assert rec["status"] == "proposed" and len(out.recs) == 1
+    assert rec.action == "stop" and rec.rule == "no_progress"
+    assert rec.status == "proposed" and len(out.recs) == 1
 
     # a checkpoint in attempt 1: only one attempt without, no stop
     other = slurm_job(job_id="78", restarts=2)
@@ -527,7 +527,7 @@ def test_restart_count_at_max_restarts_stops(tmp_path):
     pk = register(r, job)
     out = run(r, pk, job, HW, detections=[XID])
     assert (out.decision.action, out.decision.rule) == ("stop", "retry_budget")
-    assert r.store.job_rec(pk, 3)["rule"] == "retry_budget"
+    assert r.store.job_rec(pk, 3).rule == "retry_budget"
     assert len(out.recs) == 1 and r.store.strikes() == []   # no drain, no strike
 
     # the job's own max-restarts wins over the environment's
@@ -571,9 +571,9 @@ def test_exclusions_of_done_recs_and_of_the_job_carry_over(tmp_path):
     out = run(r, pk, second, UNKNOWN)
     assert out.decision.rule == "unknown"
     rec = r.store.job_rec(pk, 1)
-    assert rec["exclude"] == ["n1", "n9"]
+    assert rec.exclude == ("n1", "n9")
     # Slurm renewed the submit time at the requeue: the rec keeps this attempt's
-    assert rec["submit_time"] == 2000 and r.store.job(pk)["submit_time"] == 1000
+    assert rec.submit_time == 2000 and r.store.job(pk)["submit_time"] == 1000
 
     # a requeue that never happened (failed) excluded nothing
     first = slurm_job(job_id="78")
@@ -592,7 +592,7 @@ def test_exclusions_that_would_not_leave_room_are_given_up_on_the_timeline(tmp_p
     pk = register(r, job)
     out = run(r, pk, job, HW, detections=[XID])
     assert out.decision.exclude == ("n1",) and out.decision.dropped == ("n3",)
-    assert r.store.job_rec(pk, 0)["exclude"] == ["n1"]
+    assert r.store.job_rec(pk, 0).exclude == ("n1",)
     (event,) = events(r, pk, "policy")
     assert "n3" in event["message"]
 
@@ -616,7 +616,7 @@ def test_failure_time_is_kept_between_the_attempt_start_and_now(tmp_path, times,
                       rests_on=(0,))
     run(r, pk, job, verdict, detections=[det], started=started,
         seen_at=[r.now + s for s in seen] or None)
-    failure_at = r.store.job_rec(pk, 0)["failure_at"]
+    failure_at = r.store.job_rec(pk, 0).failure_at
     assert started <= failure_at <= r.now
     assert failure_at == pytest.approx(r.now + expected)
 
@@ -643,12 +643,12 @@ def test_strikes_are_recorded_and_three_hardware_strikes_make_a_lemon(tmp_path):
     assert out.decision.rule == "unknown"
     assert out.decision.exclude == ("n7",) and out.decision.drain == ("n7",)
     job_rec = r.store.job_rec(pk, 0)
-    assert job_rec["exclude"] == ["n7"] and job_rec["target_nodes"] == []
+    assert job_rec.exclude == ("n7",) and job_rec.target_nodes == ()
     (drain,) = [r.store.rec(i) for i in out.recs[1:]]
-    assert (drain["action"], drain["rule"], drain["reason_category"]) == \
+    assert (drain.action, drain.rule, drain.reason_category) == \
         ("drain_node", "lemon", "lemon")
-    assert drain["target_nodes"] == ["n7"] and drain["parent"] == job_rec["id"]
-    assert drain["status"] == "proposed"
+    assert drain.target_nodes == ("n7",) and drain.parent == job_rec.id
+    assert drain.status == "proposed"
 
     # once we drained it, a lemon is still excluded but not drained again
     r.store.set_node("n7", drained_by_us=1)
@@ -673,7 +673,7 @@ def test_hang_and_straggler_strikes(tmp_path):
     verdict = Verdict("node", "straggler", "kill_requeue", 0.6, nodes=("n2",))
     out = run(r, pk, slow, verdict, trigger="straggler")
     assert (out.decision.action, out.decision.rule) == ("kill_requeue", "straggler")
-    assert r.store.job_rec(pk, 0)["exclude"] == ["n2"]
+    assert r.store.job_rec(pk, 0).exclude == ("n2",)
     assert [(s["category"], s["weight"]) for s in r.store.strikes("n2")][-1] == \
         ("straggler", 0.5)
 
@@ -690,7 +690,7 @@ def test_interconnect_strikes_in_the_window_drain(tmp_path):
     pk = register(r, job)
     out = run(r, pk, job, ic)   # the second in the window, another user's
     assert out.decision.drain == ("n4",)
-    assert r.store.rec(out.recs[1])["rule"] == "interconnect"
+    assert r.store.rec(out.recs[1]).rule == "interconnect"
 
 
 def test_the_kth_interconnect_failure_on_a_node_drains_it(tmp_path):
@@ -766,10 +766,10 @@ def test_old_monitor_mode_drains_do_not_fill_the_partition_share(tmp_path):
     pk = register(r, job)
     run(r, pk, job, HW, detections=[XID])
     (old,) = [x for x in r.store.recommendations(("would_have",))
-              if x["action"] == "drain_node"]
+              if x.action == "drain_node"]
     assert r.decider._over_budget("n2", r.now) != ""          # a day-fresh one counts
     r.store.db.execute("update recommendations set created = ? where id = ?",
-                       [r.now - 2 * 86400, old["id"]])
+                       [r.now - 2 * 86400, old.id])
     r.decider._drained_at.clear()                             # (the hourly ledger)
     assert r.decider._over_budget("n2", r.now) == ""          # a two-day-old one does not
 
@@ -788,7 +788,7 @@ def test_a_cuda_error_that_follows_the_job_onto_other_nodes_stops_on_its_second_
     pk = register(r, first)
     out = run(r, pk, first, ILLEGAL)
     assert (out.decision.action, out.decision.rule) == ("requeue", "requeue")
-    assert r.store.job_rec(pk, 0)["attribution"]["signature"] == "cuda:illegal_address"
+    assert r.store.job_rec(pk, 0).attribution["signature"] == "cuda:illegal_address"
     second = slurm_job(restarts=1, nodes=("n3", "n4"))
     r.store.record_attempt(pk, second)
     out = run(r, pk, second, ILLEGAL)

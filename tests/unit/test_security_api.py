@@ -182,23 +182,23 @@ def test_a_job_owner_cannot_ack_complete_or_cancel_the_drain_of_the_node_it_blam
         answer = post(rig, f"/v1/recommendations/{drain}/{verb}", alice, body)
         assert answer.status_code == 403, verb
         assert "node-level recommendations are for admins" in answer.json()["detail"]
-    assert store.rec(drain)["status"] == "proposed" and store.steps(drain) == []
+    assert store.rec(drain).status == "proposed" and store.steps(drain) == []
     assert post(rig, f"/v1/recommendations/{drain}/cancel", None,
                 {"reason": "not this one"}).status_code == 200
-    assert store.rec(drain)["status"] == "cancelled"
+    assert store.rec(drain).status == "cancelled"
 
 
 def test_users_never_claim_or_complete_but_may_cancel_their_own_job_recommendation(rig):
     alice, store, job_rec, drain = rig["alice"], rig["store"], rig["job_rec"], rig["drain"]
     claim = post(rig, f"/v1/recommendations/{job_rec}/ack", alice)
     assert claim.status_code == 403 and "only admins ack" in claim.json()["detail"]
-    assert store.rec(job_rec)["status"] == "proposed"
+    assert store.rec(job_rec).status == "proposed"
     assert post(rig, f"/v1/recommendations/{job_rec}/ack", None).status_code == 200
     done = post(rig, f"/v1/recommendations/{job_rec}/complete", alice, {"outcome": "done"})
-    assert done.status_code == 403 and store.rec(job_rec)["status"] == "executing"
+    assert done.status_code == 403 and store.rec(job_rec).status == "executing"
     withdrawn = post(rig, f"/v1/recommendations/{job_rec}/cancel", alice, {"reason": "mine"})
-    assert withdrawn.status_code == 200 and store.rec(job_rec)["status"] == "cancelled"
-    assert store.rec(drain)["status"] == "proposed"      # the node's drain is not hers
+    assert withdrawn.status_code == 200 and store.rec(job_rec).status == "cancelled"
+    assert store.rec(drain).status == "proposed"      # the node's drain is not hers
     (event,) = [e for e in store.timeline(1) if e["kind"] == "api_cancel"]
     assert event["data"]["uid"] == alice.uid
 
@@ -210,7 +210,7 @@ def test_other_users_may_change_nothing_of_anothers(rig):
             answer = post(rig, f"/v1/recommendations/{rec}/{verb}", mallory,
                           {"outcome": "done"})
             assert answer.status_code == 403 and "own jobs" in answer.json()["detail"]
-        assert store.rec(rec)["status"] == "proposed"
+        assert store.rec(rec).status == "proposed"
     assert post(rig, "/v1/environments/ext/mode", mallory, {"mode": "monitor"}
                 ).status_code == 403
     assert post(rig, "/v1/nodes/node1/exclude", mallory, {"reason": "x"}).status_code == 403
@@ -317,6 +317,6 @@ def test_oversize_bodies_are_refused_before_they_are_read(rig):
             yield b" " * (16 << 10)
     streamed = client.post(f"/v1/recommendations/{rec}/cancel", content=endless(1),
                            headers=as_(None))
-    assert streamed.status_code == 413 and rig["store"].rec(rec)["status"] == "proposed"
+    assert streamed.status_code == 413 and rig["store"].rec(rec).status == "proposed"
     hook = client.post("/v1/hooks/health", content=endless(5), headers=as_(None))
     assert hook.status_code == 413

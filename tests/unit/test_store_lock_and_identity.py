@@ -13,7 +13,7 @@ import pytest
 from recovery_agent.errors import StoreError
 from recovery_agent.notify import notify
 from recovery_agent.scheduler.base import Job
-from recovery_agent.store import Store, StoreLock
+from recovery_agent.store import Recommendation, Store, StoreLock
 
 
 def test_second_lock_on_one_store_is_refused_naming_the_holder(tmp_path):
@@ -78,11 +78,16 @@ class _Catch(BaseHTTPRequestHandler):
         pass
 
 
+def _rec(values: dict) -> Recommendation:
+    """A job's stop, as the actuator hands it to notify."""
+    return Recommendation.from_row({"mode": "action", "status": "executing", **values})
+
+
 def test_notify_posts_the_stop_to_a_url():
     server = HTTPServer(("127.0.0.1", 0), _Catch)
     threading.Thread(target=server.handle_request, daemon=True).start()
-    rec = {"id": 7, "job_id": "42", "attempt": 2, "action": "stop", "rule": "no_progress",
-           "reason": "no new checkpoint over the last 3 attempts", "user": "ana"}
+    rec = _rec({"id": 7, "job_id": "42", "attempt": 2, "action": "stop", "rule": "no_progress",
+                "reason": "no new checkpoint over the last 3 attempts", "user": "ana"})
     sent = notify(f"http://127.0.0.1:{server.server_port}/hook", rec)
     server.server_close()
     assert sent.ok and "204" in sent.detail
@@ -90,11 +95,11 @@ def test_notify_posts_the_stop_to_a_url():
 
 
 def test_notify_failure_is_reported_not_raised():
-    sent = notify("http://127.0.0.1:9/nothing", {"id": 1, "job_id": "1", "attempt": 0,
-                                                 "action": "stop", "rule": "x", "reason": ""})
+    rec = _rec({"id": 1, "job_id": "1", "attempt": 0, "action": "stop", "rule": "x",
+                "reason": ""})
+    sent = notify("http://127.0.0.1:9/nothing", rec)
     assert not sent.ok and "POST" in sent.detail
-    assert not notify("carrier-pigeon", {"id": 1, "job_id": "1", "attempt": 0,
-                                         "action": "stop", "rule": "x", "reason": ""}).ok
+    assert not notify("carrier-pigeon", rec).ok
 
 
 def test_second_agent_on_one_store_refuses_to_start(tmp_path):
@@ -129,8 +134,8 @@ def test_array_task_stored_by_numeric_id_takes_its_printable_name(tmp_path):
 def test_notify_slack_compatible_webhook_gets_text():
     server = HTTPServer(("127.0.0.1", 0), _Catch)
     threading.Thread(target=server.handle_request, daemon=True).start()
-    rec = {"id": 9, "job_id": "43", "attempt": 1, "action": "stop", "rule": "app_error",
-           "reason": "KeyError in train.py", "user": "ana"}
+    rec = _rec({"id": 9, "job_id": "43", "attempt": 1, "action": "stop", "rule": "app_error",
+                "reason": "KeyError in train.py", "user": "ana"})
     sent = notify(f"slack:http://127.0.0.1:{server.server_port}/services/T/B/x", rec)
     server.server_close()
     assert sent.ok and sent.detail.startswith("slack ")

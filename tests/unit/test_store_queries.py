@@ -11,7 +11,7 @@ from sqlite_utils.db import NotFoundError
 
 from recovery_agent.errors import StoreError
 from recovery_agent.scheduler.base import FINISHED_STATES, Job
-from recovery_agent.store import STORE_ERRORS, DatabaseError, Error, Store
+from recovery_agent.store import STORE_ERRORS, DatabaseError, Error, Recommendation, Store
 
 
 def job(job_id="100", **kw) -> Job:
@@ -143,8 +143,8 @@ def test_holding_recs(store):
     rec(store, held_at=5.0, created=10.0)                    # older than the window
     rec(store, held_at=5.0, created=100.0, scope="node", action="drain_node")
     rows = store.holding_recs(since=50.0)
-    assert [r["id"] for r in rows] == held
-    assert isinstance(rows[0]["target_nodes"], (str, type(None)))   # undecoded
+    assert [r.id for r in rows] == held
+    assert isinstance(rows[0], Recommendation) and rows[0].target_nodes == ()   # decoded
 
 
 def test_drains_since_counts_the_budgeted_statuses(store):
@@ -167,7 +167,7 @@ def test_expired_claims(store):
     rec(store, mode="external", status="executing", claim_expires=30.0)
     rec(store, mode="external", status="proposed", claim_expires=10.0)
     rec(store, mode="action", status="executing", claim_expires=10.0)
-    assert [r["id"] for r in store.expired_claims(20.0)] == [gone]
+    assert [r.id for r in store.expired_claims(20.0)] == [gone]
 
 
 def test_mark_running_again_once(store):
@@ -177,9 +177,9 @@ def test_mark_running_again_once(store):
     node = rec(store, job=pk, attempt=0, scope="node", action="drain_node")
     store.mark_running_again(pk, 0, 50.0)
     store.mark_running_again(pk, 0, 60.0)   # noted already: stays
-    assert store.rec(first)["running_again_at"] == 50.0
-    assert store.rec(other)["running_again_at"] is None
-    assert store.rec(node)["running_again_at"] is None
+    assert store.rec(first).running_again_at == 50.0
+    assert store.rec(other).running_again_at is None
+    assert store.rec(node).running_again_at is None
 
 
 # -- nodes and the hooks' reports ---------------------------------------------------
