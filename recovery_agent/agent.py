@@ -10,19 +10,19 @@ import threading
 import click
 import uvicorn
 
-from .actuator import Actuator
-from .api import create_app
+from .act.actuator import Actuator
+from .interfaces.api import create_app
 from .config import Config, load
-from .decide import Decider
+from .decide.decider import Decider
 from .detect.patterns import load_rules
-from .detect.provider import from_config as attribution_provider
+from .inputs.provider import from_config as attribution_provider
 from .detect.scanner import Scanner
 from .errors import RecoveryError
-from .ingest import Ingest
-from .jobcache import JobCache
-from .logs.tail import SqliteCursorStore, Tailer
+from .inputs.ingest import Ingest
+from .inputs.jobcache import JobCache
+from .inputs.tail import SqliteCursorStore, Tailer
 from .scheduler import Scheduler, scheduler_for
-from .sources import SourcePoller, build_sources
+from .inputs.sources import SourcePoller, build_sources
 from .store import Store, StoreLock, files
 from .watch import Watcher
 

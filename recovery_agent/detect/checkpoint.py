@@ -24,7 +24,7 @@ import stat
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Sequence
 
-from ..logs import userfs
+from ..inputs import userfs
 
 __all__ = ["CheckpointFound", "CheckpointRecord", "CheckpointWatcher",
            "attempts_without_progress", "newest_checkpoint", "parse_saved", "step_from_path"]
@@ -105,7 +105,7 @@ def newest_checkpoint(ckpt_spec: str, max_entries: int = MAX_ENTRIES,
     """The newest finished checkpoint file under ``ckpt_spec`` (an absolute
     file, directory or glob), as ``(path, mtime)``; None when there is none.
 
-    ``rights``: the job user's (:class:`~recovery_agent.logs.userfs.Rights`).
+    ``rights``: the job user's (:class:`~recovery_agent.inputs.userfs.Rights`).
     The spec is then resolved as that user could (directories they may search,
     listings they may read, no links of theirs followed) and only files they
     own count; None looks as the agent itself (any owner), for tests and tools.

@@ -1,5 +1,5 @@
 """Queries on the node hooks' reports that the verdict's wait for node evidence
-needs (the reports themselves are written by :mod:`recovery_agent.ingest`).
+needs (the reports themselves are written by :mod:`recovery_agent.inputs.ingest`).
 
 A report replayed from a node's spool is *late* (``node_reports.late``); one
 stored after its attempt already had its verdict is ``after_verdict``, and its

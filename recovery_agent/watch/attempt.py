@@ -17,8 +17,8 @@ from ..detect.attribution import LayoutLines
 from ..detect.checkpoint import CheckpointWatcher
 from ..detect.model import Detection
 from ..detect.progress import HangDetector, StragglerDetector
-from ..logs.tail import LogLine, lines_from_report
-from ..logs.userfs import Rights
+from ..inputs.tail import LogLine, lines_from_report
+from ..inputs.userfs import Rights
 from ..scheduler.base import Job
 from ..store import STORE_ERRORS
 

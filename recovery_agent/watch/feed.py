@@ -1,5 +1,5 @@
 """The sources feed: the watch loop's side of the external sources
-(:mod:`recovery_agent.sources`).
+(:mod:`recovery_agent.inputs.sources`).
 
 Each cycle the watcher hands over its running attempts and gets back
 detections per attempt: the metrics source's own (XIDs, ECC, NVLink, a GPU
@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from ..detect.model import Detection
 from ..detect.scanner import Scanner, ScanStream
-from ..sources import JobFindings, JobRef, LogLine, SourcePoller
+from ..inputs.sources import JobFindings, JobRef, LogLine, SourcePoller
 from .attempt import AttemptWatch
 
 log = logging.getLogger("recovery_agent.watch_sources")   # its name before the move

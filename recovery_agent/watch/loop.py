@@ -13,7 +13,7 @@ from slurm_hooks import spec as specs
 from ..config import Config
 from ..detect.scanner import Scanner
 from ..errors import RecoveryError, StoreError
-from ..logs.tail import Tailer
+from ..inputs.tail import Tailer
 from ..scheduler.base import FINISHED_STATES, Job, Scheduler
 from ..store import STORE_ERRORS, Store, same_job
 from .attempt import AttemptLines, AttemptWatch
@@ -29,7 +29,7 @@ ENDED_STATES = FINISHED_STATES | {"GONE"}
 
 
 class Watcher(AttemptLines, RunningChecks, Verdicts):
-    """``sources``: a :class:`~recovery_agent.sources.SourcePoller` over the
+    """``sources``: a :class:`~recovery_agent.inputs.sources.SourcePoller` over the
     configured external sources, or None (off).
 
     The loop and job sync are here; the other parts, by role, are the bases:

@@ -17,7 +17,7 @@ from slurm_hooks import kmsg
 from ..detect.attribution import AttributionContext, all_detections, attribute, node_addresses
 from ..detect.model import Detection, Evidence, Verdict
 from ..errors import RecoveryError, SchedulerError, StoreError
-from ..policy import STRIKE_WEIGHTS, confined
+from ..decide.policy import STRIKE_WEIGHTS, confined
 from ..scheduler.base import Job
 from ..store import STORE_ERRORS
 from ..store import reports as report_rows

@@ -126,10 +126,10 @@ def writer(paths: list[str], stop_at: float, seed: int) -> None:
 def run_size(n: int, cycles: int, active: int, out: multiprocessing.Queue,
              profile: bool = False) -> None:
     from recovery_agent.config import from_mapping
-    from recovery_agent.decide import Decider
+    from recovery_agent.decide.decider import Decider
     from recovery_agent.detect.patterns import load_rules
     from recovery_agent.detect.scanner import Scanner
-    from recovery_agent.logs.tail import SqliteCursorStore, Tailer
+    from recovery_agent.inputs.tail import SqliteCursorStore, Tailer
     from recovery_agent.scheduler.cli_backend import CliScheduler
     from recovery_agent.scheduler.runner import SlurmRunner
     from recovery_agent.watch import verdicts as watch_verdicts

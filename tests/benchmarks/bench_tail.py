@@ -175,7 +175,7 @@ def read_logs(reader_name: str, folder: str, nfiles: int, start: float, seconds:
     """From wall time ``start``, poll every ``interval`` seconds for ``seconds``;
     send the figures back."""
     raise_fd_limit(nfiles)
-    from recovery_agent.logs import Rights, Tailer
+    from recovery_agent.inputs import Rights, Tailer
     paths = [os.path.join(folder, f"slurm-7000_{i}.out") for i in range(nfiles)]
     if reader_name == "naive":
         reader = NaiveReader(paths)
@@ -283,7 +283,7 @@ def flood_reader(opts: dict) -> dict:
     from recovery_agent.config import from_mapping
     from recovery_agent.detect.patterns import load_rules
     from recovery_agent.detect.scanner import Scanner
-    from recovery_agent.logs.tail import MemoryCursorStore, Tailer
+    from recovery_agent.inputs.tail import MemoryCursorStore, Tailer
     from recovery_agent.scheduler.base import Job
     from recovery_agent.store import Store
     from recovery_agent.watch import Watcher

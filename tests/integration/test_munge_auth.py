@@ -11,9 +11,9 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from recovery_agent.api import create_app
+from recovery_agent.interfaces.api import create_app
 from recovery_agent.config import from_mapping
-from recovery_agent.ingest import Ingest
+from recovery_agent.inputs.ingest import Ingest
 from recovery_agent.store import Store
 from slurm_hooks import munge
 from tests.integration.conftest import wait_for

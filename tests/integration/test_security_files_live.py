@@ -24,7 +24,7 @@ from tests.integration.conftest import job_row, wait_for
 pytestmark = [pytest.mark.live, pytest.mark.security]
 
 SECRET = "root:$6$rsecLIVESECRET:19000:0:99999:7:::"
-DIR_RECHECK = 30.0   # recovery_agent.logs.userfs.DIR_RECHECK: a kept directory is walked again
+DIR_RECHECK = 30.0   # recovery_agent.inputs.userfs.DIR_RECHECK: a kept directory is walked again
 XID = "NVRM: Xid (PCI:0000:b7:00): 79, pid=1, name=x, GPU has fallen off the bus."
 
 

@@ -26,9 +26,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
 from recovery_agent.detect.attribution import AttributionContext, attribute
-from recovery_agent.sources.http import Endpoint
-from recovery_agent.sources.check import check_source
-from recovery_agent.sources.prometheus import DcgmLabels, MetricsSource
+from recovery_agent.inputs.sources.http import Endpoint
+from recovery_agent.inputs.sources.check import check_source
+from recovery_agent.inputs.sources.prometheus import DcgmLabels, MetricsSource
 
 NODES = ("node1", "node2", "node3")
 GPUS = 4

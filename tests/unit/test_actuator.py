@@ -14,10 +14,10 @@ from collections import Counter
 
 import pytest
 
-from recovery_agent.actuator import RESUME_CHECK_INTERVAL, Actuator, drain_reason, ours
+from recovery_agent.act.actuator import RESUME_CHECK_INTERVAL, Actuator, drain_reason, ours
 from recovery_agent.config import from_mapping
 from recovery_agent.errors import JobNotFound, NodeNotFound, SchedulerError
-from recovery_agent.notify import Sent
+from recovery_agent.act.notify import Sent
 from recovery_agent.scheduler.base import Job, Node
 from recovery_agent.store import FINAL_STATUSES, OPEN_STATUSES, Store
 from tests.step_faults import StepFaults
@@ -893,7 +893,7 @@ def test_slurmctld_outage_is_logged_once(store, clock, caplog):
     rec_id = add_job_rec(store, slurm)
     act = make_actuator(store, slurm, clock)
     slurm.down = True
-    with caplog.at_level("INFO", logger="recovery_agent.actuator"):
+    with caplog.at_level("INFO", logger="recovery_agent.act.actuator"):
         for _ in range(4):
             act.run_once()
             clock[0] += 1
@@ -1253,7 +1253,7 @@ def test_unknown_action_fails(store, clock, scope, action):
 
 def test_stop_notifies_once(store, clock, monkeypatch):
     sent = []
-    monkeypatch.setattr("recovery_agent.actuator.notify",
+    monkeypatch.setattr("recovery_agent.act.actuator.notify",
                         lambda target, rec: sent.append((target, rec.id)) or Sent(True, "ok"))
     slurm = FakeSlurm(state="FAILED")
     rec_id = add_job_rec(store, slurm, action="stop", exclude=(),
@@ -1271,7 +1271,7 @@ def test_stop_notifies_once(store, clock, monkeypatch):
                                  "https://example.invalid@127.0.0.1/",
                                  "https://example.invalid:8443/hook"])
 def test_user_notify_url_outside_notify_allow_is_refused(store, clock, monkeypatch, url):
-    monkeypatch.setattr("recovery_agent.actuator.notify",
+    monkeypatch.setattr("recovery_agent.act.actuator.notify",
                         lambda *a: pytest.fail("a refused URL was posted to"))
     slurm = FakeSlurm(state="FAILED")
     rec_id = add_job_rec(store, slurm, action="stop", exclude=(),
@@ -1285,7 +1285,7 @@ def test_user_notify_url_outside_notify_allow_is_refused(store, clock, monkeypat
 
 
 def test_stop_with_an_unparsable_spec_does_not_notify(store, clock, monkeypatch):
-    monkeypatch.setattr("recovery_agent.actuator.notify",
+    monkeypatch.setattr("recovery_agent.act.actuator.notify",
                         lambda *a: pytest.fail("no notify for an invalid spec"))
     slurm = FakeSlurm(state="FAILED")
     rec_id = add_job_rec(store, slurm, action="stop", exclude=(), spec="act,bogus=1")
@@ -1360,7 +1360,7 @@ def test_watchdog_times_holds_through_clock_jumps(store, clock, step):
 
 
 def test_drain_budget_survives_a_forward_jump(store, clock):
-    from recovery_agent.decide import Decider
+    from recovery_agent.decide.decider import Decider
     from recovery_agent.config import from_mapping
     cfg = from_mapping({"policy": {"max_drains_per_hour": 1}})
     mono = [0.0]

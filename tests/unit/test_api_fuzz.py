@@ -9,9 +9,9 @@ import time
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from recovery_agent.api import create_app
+from recovery_agent.interfaces.api import create_app
 from recovery_agent.config import from_mapping
-from recovery_agent.ingest import Ingest
+from recovery_agent.inputs.ingest import Ingest
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Store
 

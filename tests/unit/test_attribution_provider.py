@@ -10,7 +10,7 @@ import time
 import pytest
 
 from recovery_agent.config import from_mapping
-from recovery_agent.detect import provider as prov
+from recovery_agent.inputs import provider as prov
 from recovery_agent.detect.model import Detection, Evidence, Verdict
 from recovery_agent.errors import ConfigError
 
@@ -152,7 +152,7 @@ def test_the_watcher_records_whose_verdict_acted(tmp_path, monkeypatch):
     from recovery_agent.watch import verdicts as watch_verdicts
     from recovery_agent.detect.patterns import load_rules
     from recovery_agent.detect.scanner import Scanner
-    from recovery_agent.logs.tail import MemoryCursorStore, Tailer
+    from recovery_agent.inputs.tail import MemoryCursorStore, Tailer
     from recovery_agent.scheduler.base import Job
     from recovery_agent.store import Store
     monkeypatch.setattr(watch_verdicts, "EPILOG_GRACE", 0.0)

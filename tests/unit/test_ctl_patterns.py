@@ -8,7 +8,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from recovery_agent.ctl import main
+from recovery_agent.interfaces.ctl import main
 from recovery_agent.detect.engines import hyperscan_probe
 
 XID_LOG = ["step 400 | loss 2.01",

@@ -9,8 +9,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from recovery_agent import check as check_module
-from recovery_agent.ctl import main as ctl
+from recovery_agent.interfaces import check as check_module
+from recovery_agent.interfaces.ctl import main as ctl
 from recovery_agent.errors import SchedulerUnavailable
 from recovery_agent.scheduler.base import Job, Node
 from recovery_agent.store import Store

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from recovery_agent.ctl import main as ctl
+from recovery_agent.interfaces.ctl import main as ctl
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import MIGRATIONS, Store
 
@@ -102,9 +102,9 @@ def test_mode_and_exclude_straight_on_the_store_are_audited(env):
 def test_verbs_over_http_against_the_agent(env):
     import uvicorn
 
-    from recovery_agent.api import create_app
+    from recovery_agent.interfaces.api import create_app
     from recovery_agent.config import load
-    from recovery_agent.ingest import Ingest
+    from recovery_agent.inputs.ingest import Ingest
     tmp, store, rec = env
     app = create_app(load(), Ingest(store, "c1"))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))

@@ -114,7 +114,7 @@ def test_every_ctl_command_has_help_with_an_example():
 
 
 def test_every_metric_is_explained_in_operations():
-    source = (REPO / "recovery_agent" / "metrics.py").read_text()
+    source = (REPO / "recovery_agent" / "interfaces" / "metrics.py").read_text()
     names = sorted(set(re.findall(r"\"(recovery_[a-z0-9_]+)\"", source)))
     assert "recovery_detection_latency_seconds" in names and len(names) >= 10
     text = (DOCS / "operations.md").read_text()

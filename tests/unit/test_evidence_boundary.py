@@ -8,7 +8,7 @@ from recovery_agent.detect.attribution import AttributionContext, all_detections
 from recovery_agent.detect.model import Detection, Evidence, Verdict
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
-from recovery_agent.policy import confined, decide
+from recovery_agent.decide.policy import confined, decide
 
 XID_NODE4 = ("Dec  1 07:30:00 node4 kernel: [ 5123.443210] NVRM: Xid (PCI:0000:18:00): 79, "
              "pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")

@@ -82,8 +82,8 @@ def test_ctl_watchdog_force_releases_with_the_store_full(disk, clock, monkeypatc
     store, slurm, rec_id, act = held_then_full(disk, clock)
     store.close()
     import time
-    from recovery_agent.ctl import main
-    monkeypatch.setattr("recovery_agent.ctl.scheduler_for", lambda cfg: slurm)
+    from recovery_agent.interfaces.ctl import main
+    monkeypatch.setattr("recovery_agent.interfaces.ctl.scheduler_for", lambda cfg: slurm)
     monkeypatch.setattr(time, "time", lambda: clock[0] + 120)
     cfg_file = tmp_path / "recovery.toml"
     cfg_file.write_text('[agent]\ncluster = "c1"\n[policy]\ndecision_timeout = "60s"\n')

@@ -9,10 +9,10 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from recovery_agent.api import create_app
+from recovery_agent.interfaces.api import create_app
 from recovery_agent.config import from_mapping
-from recovery_agent.ingest import Ingest, ReportError, validate
-from recovery_agent.jobcache import JobCache
+from recovery_agent.inputs.ingest import Ingest, ReportError, validate
+from recovery_agent.inputs.jobcache import JobCache
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Store
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from recovery_agent.config import from_mapping
-from recovery_agent.decide import Decider
+from recovery_agent.decide.decider import Decider
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
-from recovery_agent.logs.tail import MemoryCursorStore, Tailer
+from recovery_agent.inputs.tail import MemoryCursorStore, Tailer
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Store, same_job
 from recovery_agent.watch import Watcher

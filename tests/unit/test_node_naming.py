@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from recovery_agent.ctl import main
+from recovery_agent.interfaces.ctl import main
 from recovery_agent.detect.attribution import (AttributionContext, all_detections, attribute,
                                                context_from_lines, node_addresses,
                                                parse_layout, read_node_addresses, with_host)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from recovery_agent.api import openapi_spec
+from recovery_agent.interfaces.api import openapi_spec
 
 SPEC = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 
@@ -18,7 +18,7 @@ def _operations(spec: dict) -> dict:
 
 def test_checked_in_spec_matches_the_app():
     assert _operations(json.loads(SPEC.read_text())) == _operations(openapi_spec()), (
-        "docs/openapi.json is stale: python -m recovery_agent.api > docs/openapi.json")
+        "docs/openapi.json is stale: python -m recovery_agent.interfaces.api > docs/openapi.json")
 
 
 def test_spec_covers_the_advisor_contract():

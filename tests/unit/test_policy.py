@@ -1,5 +1,5 @@
-"""The policy table (recovery_agent.policy, pure functions) and the Decider that
-feeds it from the store and writes its outcome (recovery_agent.decide), on a
+"""The policy table (recovery_agent.decide.policy, pure functions) and the Decider that
+feeds it from the store and writes its outcome (recovery_agent.decide.decider), on a
 temp SQLite store with a fake scheduler. No Slurm, no network."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from recovery_agent.config import from_mapping
-from recovery_agent.decide import Decider
+from recovery_agent.decide.decider import Decider
 from recovery_agent.detect.model import Detection, Evidence, Verdict
 from recovery_agent.errors import SchedulerError
-from recovery_agent.policy import (BudgetState, Decision, History, Limits, NodeFacts, Strike,
+from recovery_agent.decide.policy import (BudgetState, Decision, History, Limits, NodeFacts, Strike,
                                    decide, drain_budget, effective_mode, lemon_score, voiced)
 from recovery_agent.scheduler.base import Job, Node
 from recovery_agent.store import Store

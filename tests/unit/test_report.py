@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from recovery_agent.report import build
+from recovery_agent.interfaces.report import build
 from recovery_agent.scheduler.base import Job, Node
 from recovery_agent.store import Store
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from recovery_agent.ctl import main
+from recovery_agent.interfaces.ctl import main
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
 from recovery_agent.detect.score import as_dict, read_labels, render, score

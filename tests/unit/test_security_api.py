@@ -18,9 +18,9 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from recovery_agent.api import create_app
+from recovery_agent.interfaces.api import create_app
 from recovery_agent.config import from_mapping
-from recovery_agent.ingest import Ingest
+from recovery_agent.inputs.ingest import Ingest
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Store
 from slurm_hooks import munge
@@ -234,7 +234,7 @@ time.sleep(5)
 @pytest.mark.security
 @pytest.mark.parametrize("ending", ["hold", "close"])
 def test_local_peer_uid_is_the_sockets_owner_and_fails_closed(people, ending):
-    from recovery_agent.api_v1 import local_peer_uid
+    from recovery_agent.interfaces.api_v1 import local_peer_uid
     _, mallory = people
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]

@@ -1,5 +1,5 @@
 """The agent reads users' paths as root: each file and checkpoint glob is
-resolved with the job user's rights (recovery_agent/logs/userfs.py), so a user
+resolved with the job user's rights (recovery_agent/inputs/userfs.py), so a user
 who points their output or ckpt= at what they may not read gets nothing of it.
 
 Every attacker step here is done by a real unprivileged Unix user (``mallory``,
@@ -22,8 +22,8 @@ from recovery_agent.config import Config, from_mapping
 from recovery_agent.detect.checkpoint import newest_checkpoint
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
-from recovery_agent.logs import MemoryCursorStore, NotFollowed, Rights, Tailer
-from recovery_agent.logs import userfs
+from recovery_agent.inputs import MemoryCursorStore, NotFollowed, Rights, Tailer
+from recovery_agent.inputs import userfs
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Store
 from recovery_agent.watch import Watcher

@@ -13,11 +13,11 @@ import pytest
 from recovery_agent import config
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.errors import ConfigError
-from recovery_agent.sources import query
-from recovery_agent.sources.base import (SourceAuthError, SourceRateLimited, SourceResponseError,
+from recovery_agent.inputs.sources import query
+from recovery_agent.inputs.sources.base import (SourceAuthError, SourceRateLimited, SourceResponseError,
                                          SourceTimeout, SourceUnavailable)
-from recovery_agent.sources.feed import CursorStore
-from recovery_agent.sources.http import (Credentials, Endpoint, Health, HttpClient,
+from recovery_agent.inputs.sources.feed import CursorStore
+from recovery_agent.inputs.sources.http import (Credentials, Endpoint, Health, HttpClient,
                                          parse_retry_after, redact_url)
 from tests.fixtures.sources.httpfake import FakeServer, dead_url, json_reply
 
@@ -181,7 +181,7 @@ def test_sources_config_from_the_environment():
 
 def test_health_logs_one_line_per_outage_and_counts(caplog):
     health = Health("loki", base_delay=10)
-    caplog.set_level(logging.DEBUG, logger="recovery_agent.sources.http")
+    caplog.set_level(logging.DEBUG, logger="recovery_agent.inputs.sources.http")
     for i in range(5):
         health.failed(SourceUnavailable("down"), 100.0 + i)
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]

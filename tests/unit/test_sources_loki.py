@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from recovery_agent.sources.feed import CursorStore
-from recovery_agent.sources.http import Endpoint, HttpClient
-from recovery_agent.sources.loki import LokiLabels, LokiSource
+from recovery_agent.inputs.sources.feed import CursorStore
+from recovery_agent.inputs.sources.http import Endpoint, HttpClient
+from recovery_agent.inputs.sources.loki import LokiLabels, LokiSource
 from tests.fixtures.sources.httpfake import FakeServer, dead_url, json_reply, recorded
 
 T0 = 1714557600.0

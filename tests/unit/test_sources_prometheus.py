@@ -9,11 +9,11 @@ import re
 import pytest
 
 from recovery_agent.detect.attribution import AttributionContext, attribute
-from recovery_agent.sources import prometheus as prom
-from recovery_agent.sources.base import SourceResponseError
-from recovery_agent.sources.feed import CursorStore
-from recovery_agent.sources.http import Endpoint
-from recovery_agent.sources.prometheus import DcgmLabels, MetricsSource, counter_increase
+from recovery_agent.inputs.sources import prometheus as prom
+from recovery_agent.inputs.sources.base import SourceResponseError
+from recovery_agent.inputs.sources.feed import CursorStore
+from recovery_agent.inputs.sources.http import Endpoint
+from recovery_agent.inputs.sources.prometheus import DcgmLabels, MetricsSource, counter_increase
 from tests.fixtures.sources.httpfake import FakeServer, dead_url, json_reply, recorded
 
 T0 = 1714557600.0     # 2024-05-01T10:00:00Z

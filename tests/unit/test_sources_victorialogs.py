@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from recovery_agent.sources.feed import CursorStore
-from recovery_agent.sources.http import Endpoint, HttpClient
-from recovery_agent.sources.query import format_rfc3339_ns, parse_rfc3339_ns
-from recovery_agent.sources.victorialogs import VictoriaLogsFields, VictoriaLogsSource
+from recovery_agent.inputs.sources.feed import CursorStore
+from recovery_agent.inputs.sources.http import Endpoint, HttpClient
+from recovery_agent.inputs.sources.query import format_rfc3339_ns, parse_rfc3339_ns
+from recovery_agent.inputs.sources.victorialogs import VictoriaLogsFields, VictoriaLogsSource
 from tests.fixtures.sources.httpfake import FakeServer, dead_url, recorded
 
 T0 = 1714557600.0

@@ -16,10 +16,10 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from recovery_agent.api import create_app
+from recovery_agent.interfaces.api import create_app
 from recovery_agent.config import from_mapping
 from recovery_agent.errors import StoreError
-from recovery_agent.ingest import Ingest
+from recovery_agent.inputs.ingest import Ingest
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Store
 

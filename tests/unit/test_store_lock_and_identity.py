@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from recovery_agent.errors import StoreError
-from recovery_agent.notify import notify
+from recovery_agent.act.notify import notify
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Recommendation, Store, StoreLock
 
@@ -144,7 +144,7 @@ def test_notify_slack_compatible_webhook_gets_text():
 
 
 def test_notify_targets_merge_the_job_and_the_environment():
-    from recovery_agent.notify import targets
+    from recovery_agent.act.notify import targets
     assert targets("mail", "slack:https://h/x, mail,https://ops/y") == \
         ["mail", "slack:https://h/x", "https://ops/y"]
     assert targets("none", "") == [] and targets(None, " ") == []

@@ -16,13 +16,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from recovery_agent.watch import verdicts as watch_verdicts
-from recovery_agent.api import create_app
+from recovery_agent.interfaces.api import create_app
 from recovery_agent.config import from_mapping
-from recovery_agent.decide import Decider
+from recovery_agent.decide.decider import Decider
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
-from recovery_agent.ingest import Ingest
-from recovery_agent.logs.tail import MemoryCursorStore, Tailer
+from recovery_agent.inputs.ingest import Ingest
+from recovery_agent.inputs.tail import MemoryCursorStore, Tailer
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Store
 from recovery_agent.watch import Watcher

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from recovery_agent.ctl import main as ctl
+from recovery_agent.interfaces.ctl import main as ctl
 
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "contrib" / "systemd"

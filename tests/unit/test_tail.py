@@ -8,9 +8,9 @@ import tracemalloc
 
 import pytest
 
-from recovery_agent.logs import (LogLine, MemoryCursorStore, SqliteCursorStore, Tailer,
+from recovery_agent.inputs import (LogLine, MemoryCursorStore, SqliteCursorStore, Tailer,
                                  lines_from_report)
-from recovery_agent.logs import tail as tail_mod
+from recovery_agent.inputs import tail as tail_mod
 from recovery_agent.store import Store
 
 
@@ -125,7 +125,7 @@ def test_truncation_restarts_from_zero(tmp_path, caplog):
     t.add(path, "j")
     assert texts(t.poll()) == ["a", "b", "c"]
     write(path, "new\n", mode="wb")
-    with caplog.at_level(logging.WARNING, logger="recovery_agent.logs.tail"):
+    with caplog.at_level(logging.WARNING, logger="recovery_agent.inputs.tail"):
         lines = t.poll()
     assert [(l.lineno, l.text, l.offset) for l in lines] == [(1, "new", 0)]
     assert "truncated" in caplog.text

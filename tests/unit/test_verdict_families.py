@@ -16,7 +16,7 @@ from recovery_agent.detect.attribution import (AttributionContext, PriorAttempt,
 from recovery_agent.detect.model import Detection, Evidence, Verdict
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
-from recovery_agent.policy import History, decide
+from recovery_agent.decide.policy import History, decide
 
 SCANNER = Scanner(load_rules(), engine="re")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from recovery_agent.config import from_mapping
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
-from recovery_agent.logs.tail import MemoryCursorStore, Tailer
+from recovery_agent.inputs.tail import MemoryCursorStore, Tailer
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Store
 from recovery_agent.watch import Watcher
@@ -105,7 +105,7 @@ def test_output_of_a_job_that_ran_between_polls_is_read(tmp_path):
 
 
 def test_log_lines_inside_node_reports_are_scanned(tmp_path):
-    from recovery_agent.ingest import Ingest
+    from recovery_agent.inputs.ingest import Ingest
     clock = [2000.0]
     watcher, store, sched = make(tmp_path, clock)
     out = tmp_path / "o.out"
@@ -157,11 +157,11 @@ class Ended:
 
     def __init__(self, tmp_path, state="FAILED", prologs=("node1", "node2"), decider=False,
                  node1_xids=()):
-        from recovery_agent.ingest import Ingest
+        from recovery_agent.inputs.ingest import Ingest
         self.clock = [2000.0]
         self.watcher, self.store, self.sched = make(tmp_path, self.clock)
         if decider:
-            from recovery_agent.decide import Decider
+            from recovery_agent.decide.decider import Decider
             self.watcher.decider = Decider(self.watcher.cfg, self.store,
                                            clock=lambda: self.clock[0])
         out = tmp_path / "o.out"

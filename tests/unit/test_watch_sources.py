@@ -13,10 +13,10 @@ import pytest
 from recovery_agent.config import from_mapping
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
-from recovery_agent.logs.tail import MemoryCursorStore, Tailer
-from recovery_agent.metrics import render
+from recovery_agent.inputs.tail import MemoryCursorStore, Tailer
+from recovery_agent.interfaces.metrics import render
 from recovery_agent.scheduler.base import Job
-from recovery_agent.sources import SourcePoller, build_sources
+from recovery_agent.inputs.sources import SourcePoller, build_sources
 from recovery_agent.store import Store
 from recovery_agent.watch import EPILOG_GRACE, Watcher
 from tests.fixtures.sources.httpfake import FakeServer, dead_url, json_reply, recorded

@@ -23,7 +23,7 @@ import click
 
 from recovery_agent import config
 from recovery_agent.agent import main as agent
-from recovery_agent.ctl import main as ctl
+from recovery_agent.interfaces.ctl import main as ctl
 from slurm_hooks import settings as hook_settings
 
 from .devcluster.cli import main as devcluster

@@ -18,13 +18,13 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Config
-from .detect.patterns import load_rules
-from .errors import RecoveryError
-from .scheduler import probe_all, select_scheduler
-from .scheduler.runner import SlurmRunner
-from .sources import build_sources, check_sources
-from .store import Store
+from ..config import Config
+from ..detect.patterns import load_rules
+from ..errors import RecoveryError
+from ..scheduler import probe_all, select_scheduler
+from ..scheduler.runner import SlurmRunner
+from ..inputs.sources import build_sources, check_sources
+from ..store import Store
 
 HOOK_KEYS = {"Prolog": "recovery-prolog", "Epilog": "recovery-epilog",
              "HealthCheckProgram": "recovery-healthcheck"}
@@ -182,7 +182,7 @@ class SourcesReport:
 
 def check_sources_of(cfg: Config, scheduler=None, store=None,
                      now: float | None = None) -> SourcesReport:
-    """Probe every source the config names (see :mod:`recovery_agent.sources.check`).
+    """Probe every source the config names (see :mod:`recovery_agent.inputs.sources.check`).
 
     Nodes come from ``sinfo`` through ``scheduler`` (made from the config when
     None); running opted-in jobs are the store's RUNNING jobs (``store``, else

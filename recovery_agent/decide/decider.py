@@ -2,7 +2,7 @@
 the policy and the actuator.
 
 Everything a decision rests on is gathered here (the job's history and
-limits, node strikes, the drain budget), :func:`~recovery_agent.policy.decide`
+limits, node strikes, the drain budget), :func:`~recovery_agent.decide.policy.decide`
 is called, and the outcome is written in one transaction with the verdict:
 the write-ahead audit row exists before any Slurm call, and an agent that dies
 mid-way leaves either both or neither.
@@ -16,15 +16,15 @@ from dataclasses import dataclass
 
 from slurm_hooks import spec as specs
 
-from .config import Config
-from .detect.attribution import PriorAttempt
-from .detect.model import Detection, Verdict
-from .errors import SchedulerError
+from ..config import Config
+from ..detect.attribution import PriorAttempt
+from ..detect.model import Detection, Verdict
+from ..errors import SchedulerError
 from .policy import (STRIKE_WEIGHTS, BudgetState, Decision, History, Limits, NodeFacts,
-                     Strike, confined, decide, drain_budget, effective_mode, lemon_score,
-                     our_drain, voiced)
-from .scheduler.base import Job, Scheduler
-from .store import Recommendation, Status, Store
+              Strike, confined, decide, drain_budget, effective_mode, lemon_score,
+              our_drain, voiced)
+from ..scheduler.base import Job, Scheduler
+from ..store import Recommendation, Status, Store
 
 log = logging.getLogger(__name__)
 NODE_ACTIONS = ("drain_node", "resume_node")

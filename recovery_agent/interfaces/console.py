@@ -9,7 +9,7 @@ JavaScript fetch those every few seconds and swap them in, so the page stays
 current without a reload. No build step, no external assets.
 
 Every page and part is read as its caller, with the API's rules
-(:mod:`recovery_agent.service`): a user sees their own jobs and the
+(:mod:`recovery_agent.interfaces.service`): a user sees their own jobs and the
 recommendations about them, gets 403 for another user's job, and sees the
 nodes as everyone does (the cluster's, as in sinfo).
 """
@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 
 from .service import Caller, Service, ServiceError
-from .store import Status
+from ..store import Status
 
 REFRESH_MS = 5000
 LANES = (("slurm", "Slurm / agent"), ("hooks", "node hooks"), ("detected", "detections"),

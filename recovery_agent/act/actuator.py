@@ -27,14 +27,14 @@ from typing import Callable
 
 from slurm_hooks import spec as specs
 
-from .config import Config
-from .errors import JobNotFound, NodeNotFound, SchedulerError
+from ..config import Config
+from ..errors import JobNotFound, NodeNotFound, SchedulerError
 from .notify import allowed, notify
-from .policy import our_drain
+from ..decide.policy import our_drain
 from .notify import targets as notify_targets
-from .scheduler.base import Job, Scheduler
-from .store import OPEN_STATUSES, Recommendation, Status, Store
-from .store.journal import STORE_ERRORS, SideJournal
+from ..scheduler.base import Job, Scheduler
+from ..store import OPEN_STATUSES, Recommendation, Status, Store
+from ..store.journal import STORE_ERRORS, SideJournal
 
 log = logging.getLogger(__name__)
 DRAIN_TAG = "recovery:"

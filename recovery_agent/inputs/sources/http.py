@@ -17,9 +17,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import requests
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .base import (SourceAuthError, SourceError, SourceRateLimited, SourceResponseError,
-                   SourceTimeout, SourceUnavailable)
+            SourceTimeout, SourceUnavailable)
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 One place for the queries (jobs, timelines, nodes, recommendations, the audit
 trail) and the operator and Advisor actions (mode, exclude/include, ack,
 complete, cancel), with their rules: roles, ownership, stale claims. The HTTP
-layer (:mod:`recovery_agent.api_v1`), the Console and ``recovery-ctl --db`` all
+layer (:mod:`recovery_agent.interfaces.api_v1`), the Console and ``recovery-ctl --db`` all
 call it, so they can never disagree.
 
 The rules: an admin (``api.admin_uids``/``admin_groups``; a site controller runs
@@ -22,11 +22,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .config import MODES, Config
-from .decide import MODE_OVERRIDES, Decider, environment_mode, mode_overrides
-from .errors import RecoveryError
-from .policy import effective_mode
-from .store import Recommendation, Status, Store
+from ..config import MODES, Config
+from ..decide.decider import MODE_OVERRIDES, Decider, environment_mode, mode_overrides
+from ..errors import RecoveryError
+from ..decide.policy import effective_mode
+from ..store import Recommendation, Status, Store
 
 log = logging.getLogger(__name__)
 STATUSES = tuple(s.value for s in Status)

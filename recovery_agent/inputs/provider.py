@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from typing import Any, Callable, Sequence
 
-from .model import Detection, Verdict
+from ..detect.model import Detection, Verdict
 
 log = logging.getLogger(__name__)
 GROUP = "slurm_recovery.attribution"

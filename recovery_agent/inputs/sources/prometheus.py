@@ -34,8 +34,8 @@ from typing import Any, Collection, Mapping, Sequence
 
 from slurm_hooks import kmsg
 
-from ..detect.model import Detection, Evidence
-from ..detect.patterns import xid_action
+from ...detect.model import Detection, Evidence
+from ...detect.patterns import xid_action
 from .base import SourceError, SourceResponseError
 from .feed import CursorStore, Probe
 from .http import Endpoint, Health, HttpClient

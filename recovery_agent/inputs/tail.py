@@ -21,10 +21,10 @@ complete lines that appeared since the previous poll.
   a file is reopened by path, its inode checked, and read at the saved offset.
 * Errors (permission, a directory in place of the file, I/O) are recorded per
   path and logged once; they never escape :meth:`Tailer.poll`.
-* A path added with a user's :class:`~recovery_agent.logs.userfs.Rights` is
-  read only as that user could read it (:mod:`recovery_agent.logs.userfs`): its
+* A path added with a user's :class:`~recovery_agent.inputs.userfs.Rights` is
+  read only as that user could read it (:mod:`recovery_agent.inputs.userfs`): its
   directory is walked from ``/`` with the user's rights and kept open
-  (:class:`~recovery_agent.logs.userfs.DirCache`), the per-poll look is one
+  (:class:`~recovery_agent.inputs.userfs.DirCache`), the per-poll look is one
   ``fstatat`` relative to it, and every open goes through the same checks.
   A refusal is recorded once as a :class:`Notice` (``not_followed``).
 * Floods: a poll reads at most ``file_budget`` bytes of one file, ``read_budget``

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
-from ..config import Config
+from ...config import Config
 from .base import SourceError
 from .check import CheckResult, check_sources, summary_lines
 from .feed import CursorStore, LogLine, LogSource, PollResult

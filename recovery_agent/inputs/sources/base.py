@@ -9,7 +9,7 @@ Prometheus, Loki or VictoriaLogs; their modules build on these.
 """
 from __future__ import annotations
 
-from ..errors import RecoveryError
+from ...errors import RecoveryError
 
 
 class SourceError(RecoveryError):

@@ -45,8 +45,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
-from .detect.attribution import PriorAttempt, across_attempts
-from .detect.model import Verdict
+from ..detect.attribution import PriorAttempt, across_attempts
+from ..detect.model import Verdict
 
 MODE_RANK = {"monitor": 0, "external": 1, "action": 2}
 REQUEUES = ("requeue", "requeue_exclude", "kill_requeue")

@@ -11,7 +11,7 @@ carries a munge credential over the SHA-256 of its body, as the hooks do. The
 uid gives the role: admin (``api.admin_uids``, ``api.admin_groups``) or user,
 who reads and cancels only what is theirs. Each mutating call is written to
 the timeline with the caller's uid. The rules themselves live in
-:mod:`recovery_agent.service`.
+:mod:`recovery_agent.interfaces.service`.
 """
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ from fastapi.responses import JSONResponse, Response
 from slurm_hooks import munge
 
 from . import console
-from .config import Config
+from ..config import Config
 from .metrics import render as render_metrics
 from .service import Caller, Service, ServiceError, role_of
-from .store import DatabaseError, Store
+from ..store import DatabaseError, Store
 
 __all__ = ["register", "local_peer_uid", "read_body"]
 MAX_BODY = 64 * 1024

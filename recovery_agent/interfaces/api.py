@@ -1,5 +1,5 @@
 """The agent's HTTP service: hook ingest at ``POST /v1/hooks/{hook}`` (here) and
-the read, Advisor and operator API (:mod:`recovery_agent.api_v1`).
+the read, Advisor and operator API (:mod:`recovery_agent.interfaces.api_v1`).
 
 Each request carries ``Authorization: Munge <credential>``; the credential's
 payload is the SHA-256 of the body, so a report cannot be altered in flight or
@@ -23,9 +23,9 @@ from slurm_hooks import munge
 
 from . import api_v1
 from .api_v1 import read_body
-from .config import Config
-from .ingest import HOOKS, Ingest, ReportError, parse_body
-from .store import Store
+from ..config import Config
+from ..inputs.ingest import HOOKS, Ingest, ReportError, parse_body
+from ..store import Store
 
 log = logging.getLogger(__name__)
 MAX_BODY = 4 * 1024 * 1024
@@ -112,5 +112,5 @@ def openapi_spec() -> dict:
             store.close()
 
 
-if __name__ == "__main__":   # python -m recovery_agent.api > docs/openapi.json
+if __name__ == "__main__":   # python -m recovery_agent.interfaces.api > docs/openapi.json
     print(json.dumps(openapi_spec(), indent=1, sort_keys=True))

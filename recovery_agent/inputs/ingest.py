@@ -1,6 +1,6 @@
 """Hook reports in: validate a report, then store it whole or not at all.
 
-The HTTP layer (``recovery_agent.api``) only authenticates and hands the bytes
+The HTTP layer (``recovery_agent.interfaces.api``) only authenticates and hands the bytes
 here. A report is identified by its ``report_id``: a spooled report delivered
 twice is stored once. A report replayed from a node's spool carries a
 ``delivery`` object (see :mod:`slurm_hooks.delivery`): it is stored as late and
@@ -20,11 +20,11 @@ from typing import Any
 
 from slurm_hooks import spec as specs
 
-from .errors import RecoveryError
+from ..errors import RecoveryError
 from .jobcache import JobCache
-from .scheduler.base import FINISHED_STATES, Job
-from .store import Store
-from .store import reports as report_rows
+from ..scheduler.base import FINISHED_STATES, Job
+from ..store import Store
+from ..store import reports as report_rows
 
 ENDED = FINISHED_STATES | {"GONE"}   # stored rows of jobs that have ended
 
@@ -160,7 +160,7 @@ def parse_body(hook: str, body: bytes) -> dict:
 class Ingest:
     """Stores validated reports.
 
-    ``jobs`` (a :class:`~recovery_agent.jobcache.JobCache`) supplies the
+    ``jobs`` (a :class:`~recovery_agent.inputs.jobcache.JobCache`) supplies the
     scheduler's record of a job, whose submit time completes the job's key.
     Ingest never waits for it: a job the cache does not know yet is stored with
     submit time 0 and completed when the background refresh lands.

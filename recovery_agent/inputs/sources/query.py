@@ -11,7 +11,7 @@ import re
 import time
 from typing import Any, Iterable, Sequence
 
-from ..detect.engines import TRACEBACK_LITERAL, required_literals
+from ...detect.engines import TRACEBACK_LITERAL, required_literals
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .store.records import Recommendation
+    from ..store.records import Recommendation
 
 import requests
 

@@ -13,13 +13,13 @@ from typing import Iterator
 
 import click
 
-from .detect.attribution import (all_detections, attribute, context_from_lines,
-                                 read_node_addresses, with_host)
-from .detect.model import Detection, Verdict
-from .detect.patterns import load_rules
-from .detect.scanner import MAX_LINE, Scanner
-from .errors import RecoveryError
-from .scheduler import scheduler_for
+from ..detect.attribution import (all_detections, attribute, context_from_lines,
+                                  read_node_addresses, with_host)
+from ..detect.model import Detection, Verdict
+from ..detect.patterns import load_rules
+from ..detect.scanner import MAX_LINE, Scanner
+from ..errors import RecoveryError
+from ..scheduler import scheduler_for
 
 CHUNK = 16 << 20
 
@@ -141,8 +141,8 @@ def patterns_score(files: tuple[Path, ...], dirs: tuple[Path, ...], engine: str,
         recovery-ctl patterns score incidents.jsonl
         recovery-ctl patterns score --json incidents.jsonl | jq .action
     """
-    from .detect.score import read_labels, render, score
-    from .detect.score import as_dict as score_dict
+    from ..detect.score import read_labels, render, score
+    from ..detect.score import as_dict as score_dict
     try:
         scanner = Scanner(load_rules(dirs), engine=engine)
     except RecoveryError as exc:
@@ -253,7 +253,7 @@ class Client:
 
     def __init__(self, config_path: str | None, db_path: str | None, url: str | None,
                  writing: bool = False, readonly: bool = False) -> None:
-        from .config import load
+        from ..config import load
         try:
             self.cfg = load(config_path)
         except RecoveryError as exc:
@@ -263,7 +263,7 @@ class Client:
         path = Path(db_path) if db_path else self.cfg.store_path
         if db_path or (not url and not writing and os.access(path, os.R_OK)):
             from .service import Service
-            from .store import Store, files
+            from ..store import Store, files
             try:
                 files.must_exist(path, writable=writing)
                 self.service = Service(self.cfg, Store(path, readonly=readonly))
@@ -341,7 +341,7 @@ class Client:
     def call(self, name: str, *args, **kwargs):
         """Run a Service method here, or its endpoint at the agent."""
         if self.service is not None:
-            from .store import files
+            from ..store import files
             try:
                 return getattr(self.service, name)(*args, **kwargs)
             except RecoveryError as exc:
@@ -414,7 +414,7 @@ def _parse_time(text: str | None) -> float | None:
         return None
     from datetime import datetime
 
-    from .config import parse_duration
+    from ..config import parse_duration
     try:
         return time.time() - parse_duration(text, "--since/--until")
     except RecoveryError:
@@ -814,7 +814,7 @@ def watchdog(config_path, db_path, force: bool) -> None:
     """
     import time as _time
 
-    from .store import StoreLock
+    from ..store import StoreLock
 
     client = Client(config_path, db_path, None)
     if client.service is None:
@@ -848,7 +848,7 @@ def _watchdog_pass(cfg, store) -> None:
     journal (``<store>.journal``) and reaches the store on a later run."""
     import time as _time
 
-    from .actuator import Actuator
+    from ..act.actuator import Actuator
     sched = scheduler_for(cfg)
     if sched is None:
         raise click.ClickException("watchdog: no usable Slurm backend (see the log line above)")
@@ -899,7 +899,7 @@ def check(config_path, sources, as_json) -> None:
         recovery-ctl check --sources
         RECOVERY_SOURCES_PROMETHEUS_URL=http://prom:9090 recovery-ctl check --sources
     """
-    from .config import load
+    from ..config import load
     try:
         cfg = load(config_path)
     except RecoveryError as exc:
@@ -930,7 +930,7 @@ def _check_sources(cfg, as_json: bool) -> None:
     from dataclasses import asdict
 
     from .check import check_sources_of
-    from .sources import summary_lines
+    from ..inputs.sources import summary_lines
     try:
         report = check_sources_of(cfg)
     except RecoveryError as exc:

@@ -13,8 +13,8 @@ import threading
 import time
 from typing import Callable
 
-from .errors import RecoveryError
-from .scheduler.base import Job, Scheduler
+from ..errors import RecoveryError
+from ..scheduler.base import Job, Scheduler
 
 log = logging.getLogger(__name__)
 

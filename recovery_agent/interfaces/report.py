@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .policy import our_drain
-from .scheduler.base import Node
-from .store import Status, Store
+from ..decide.policy import our_drain
+from ..scheduler.base import Node
+from ..store import Status, Store
 
 REQUEUES = ("requeue", "requeue_exclude", "kill_requeue")
 

@@ -1,0 +1,11 @@
+"""What comes in: the job output files the agent follows (:mod:`.tail`; files
+a user names are opened with that user's rights, :mod:`.userfs`) and the lines
+that arrive inside node reports; the node hooks' reports (:mod:`.ingest`); the
+job listing cache (:mod:`.jobcache`); external metric and log stores
+(:mod:`.sources`); a site's attribution provider (:mod:`.provider`)."""
+from .tail import (CursorStore, LogLine, MemoryCursorStore, Notice, SqliteCursorStore, Tailer,
+                 lines_from_report)
+from .userfs import NotFollowed, Rights
+
+__all__ = ["CursorStore", "LogLine", "MemoryCursorStore", "Notice", "NotFollowed", "Rights",
+           "SqliteCursorStore", "Tailer", "lines_from_report"]
