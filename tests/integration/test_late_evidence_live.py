@@ -76,7 +76,7 @@ class Relay:
 def cut_off(devcluster, node: str, hooks: tuple[str, ...], port: int):
     """``node``'s ``hooks`` send to 127.0.0.1:``port`` instead of the agent."""
     lay = devcluster.lay
-    blocked = lay.etc / f"recovery-{node}-cut-off.toml"
+    blocked = lay.etc / f"recovery-{node}-cut-off-{port}.toml"
     text = lay.agent_config.read_text()
     blocked.write_text("\n".join(f'agent_url = "http://127.0.0.1:{port}"'
                                  if line.startswith("agent_url =") else line
@@ -188,13 +188,16 @@ def check_recovered_without(devcluster, agent, job_id: str, row, bad: str,
 def test_the_epilogs_replayer_brings_the_xid_and_the_job_avoids_the_node(
         devcluster, submit, cleanup, late_agent, tmp_path):
     """The node's hooks cannot reach the agent for 25 s after the job fails
-    (longer than the old 15 s grace); then they can, and no hook runs on the
-    node in between: the epilog's own replayer delivers the report."""
+    (longer than the old 15 s grace); then its epilog can, and its health check
+    still cannot (its own way in stays cut, so a health check that happens to
+    run first cannot replay the spool): the epilog's own replayer delivers the
+    report."""
     job_id, bad, row, go = start_job(devcluster, submit, cleanup, late_agent, tmp_path)
     port = free_port()
     relay = Relay(port, late_agent.port)
     try:
-        with cut_off(devcluster, bad, ("epilog", "health"), port):
+        with cut_off(devcluster, bad, ("epilog",), port), \
+                cut_off(devcluster, bad, ("health",), free_port()):
             inject_xid(devcluster.lay, bad, 0, 79)
             go.touch()
             wait_for(lambda: spooled_epilog(devcluster, bad, job_id), 60,
