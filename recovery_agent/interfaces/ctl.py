@@ -13,8 +13,9 @@ from typing import Iterator
 
 import click
 
-from ..detect.attribution import (all_detections, attribute, context_from_lines,
-                                  read_node_addresses, with_host)
+from ..detect.attribution import attribute
+from ..detect.context import context_from_lines, read_node_addresses, with_host
+from ..detect.evidence import all_detections
 from ..detect.model import Detection, Verdict
 from ..detect.patterns import load_rules
 from ..detect.scanner import MAX_LINE, Scanner
