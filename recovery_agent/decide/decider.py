@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from slurm_hooks import spec as specs
 
 from ..config import Config
-from ..detect.attribution import PriorAttempt
+from ..detect.attempts import PriorAttempt
 from ..detect.model import Detection, Verdict
 from ..errors import SchedulerError
 from .policy import (STRIKE_WEIGHTS, BudgetState, Decision, History, Limits, NodeFacts,

@@ -27,7 +27,7 @@ reports alone), or no evidence at all
 ==========================================  ==========================================
 
 The earlier attempts come in ``History.previous`` (where each ran, what its
-verdict was) and are read with :func:`~.detect.attribution.across_attempts`
+verdict was) and are read with :func:`~.detect.attempts.across_attempts`
 before the table. Every requeue also excludes what earlier attempts excluded,
 the lemon nodes and the nodes an operator excluded, as long as enough nodes
 remain to run the job.
@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
-from ..detect.attribution import PriorAttempt, across_attempts
+from ..detect.attempts import PriorAttempt, across_attempts
 from ..detect.model import Verdict
 
 MODE_RANK = {"monitor": 0, "external": 1, "action": 2}

@@ -25,7 +25,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from .attribution import attribute, context_from_lines
+from .attribution import attribute
+from .context import context_from_lines
 from .model import CATEGORIES, Detection, Verdict
 
 LABEL_CATEGORIES = (*CATEGORIES, "benign")

@@ -13,8 +13,8 @@ from typing import Iterable, Iterator
 
 from slurm_hooks import spec as specs
 
-from ..detect.attribution import LayoutLines
 from ..detect.checkpoint import CheckpointWatcher
+from ..detect.context import LayoutLines
 from ..detect.model import Detection
 from ..detect.progress import HangDetector, StragglerDetector
 from ..inputs.tail import LogLine, lines_from_report

@@ -1,14 +1,17 @@
 """The detectors on a running attempt: a silent log (hang), a rank whose steps
 lag (straggler), a new checkpoint, and what the external sources say of the
 attempt while it runs. A hang or straggler is decided while the attempt still
-runs, on attribution's verdict: ``attribute`` for a hang, ``straggler_verdict``
-for a straggler (both :mod:`recovery_agent.detect.attribution`).
+runs, on attribution's verdict: ``attribute`` for a hang
+(:mod:`recovery_agent.detect.attribution`), ``straggler_verdict`` for a
+straggler (:mod:`recovery_agent.detect.straggler`).
 """
 from __future__ import annotations
 
-from ..detect.attribution import all_detections, attribute, straggler_verdict
+from ..detect.attribution import attribute
 from ..detect.checkpoint import newest_checkpoint
+from ..detect.evidence import all_detections
 from ..detect.model import Detection
+from ..detect.straggler import straggler_verdict
 from ..scheduler.base import Job
 from ..store import STORE_ERRORS
 from .attempt import AttemptWatch

@@ -14,7 +14,9 @@ import logging
 
 from slurm_hooks import kmsg
 
-from ..detect.attribution import AttributionContext, all_detections, attribute, node_addresses
+from ..detect.attribution import attribute
+from ..detect.context import AttributionContext, node_addresses
+from ..detect.evidence import all_detections
 from ..detect.model import Detection, Evidence, Verdict
 from ..errors import RecoveryError, SchedulerError, StoreError
 from ..decide.policy import STRIKE_WEIGHTS, confined

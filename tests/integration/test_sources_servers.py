@@ -25,7 +25,8 @@ import requests
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
-from recovery_agent.detect.attribution import AttributionContext, attribute
+from recovery_agent.detect.attribution import attribute
+from recovery_agent.detect.context import AttributionContext
 from recovery_agent.inputs.sources.http import Endpoint
 from recovery_agent.inputs.sources.check import check_source
 from recovery_agent.inputs.sources.prometheus import DcgmLabels, MetricsSource

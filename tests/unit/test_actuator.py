@@ -14,7 +14,8 @@ from collections import Counter
 
 import pytest
 
-from recovery_agent.act.actuator import RESUME_CHECK_INTERVAL, Actuator, drain_reason, ours
+from recovery_agent.act.actuator import RESUME_CHECK_INTERVAL, Actuator
+from recovery_agent.act.drains import drain_reason, ours
 from recovery_agent.config import from_mapping
 from recovery_agent.errors import JobNotFound, NodeNotFound, SchedulerError
 from recovery_agent.act.notify import Sent
@@ -1253,7 +1254,7 @@ def test_unknown_action_fails(store, clock, scope, action):
 
 def test_stop_notifies_once(store, clock, monkeypatch):
     sent = []
-    monkeypatch.setattr("recovery_agent.act.actuator.notify",
+    monkeypatch.setattr("recovery_agent.act.jobs.notify",
                         lambda target, rec: sent.append((target, rec.id)) or Sent(True, "ok"))
     slurm = FakeSlurm(state="FAILED")
     rec_id = add_job_rec(store, slurm, action="stop", exclude=(),
@@ -1271,7 +1272,7 @@ def test_stop_notifies_once(store, clock, monkeypatch):
                                  "https://example.invalid@127.0.0.1/",
                                  "https://example.invalid:8443/hook"])
 def test_user_notify_url_outside_notify_allow_is_refused(store, clock, monkeypatch, url):
-    monkeypatch.setattr("recovery_agent.act.actuator.notify",
+    monkeypatch.setattr("recovery_agent.act.jobs.notify",
                         lambda *a: pytest.fail("a refused URL was posted to"))
     slurm = FakeSlurm(state="FAILED")
     rec_id = add_job_rec(store, slurm, action="stop", exclude=(),
@@ -1285,7 +1286,7 @@ def test_user_notify_url_outside_notify_allow_is_refused(store, clock, monkeypat
 
 
 def test_stop_with_an_unparsable_spec_does_not_notify(store, clock, monkeypatch):
-    monkeypatch.setattr("recovery_agent.act.actuator.notify",
+    monkeypatch.setattr("recovery_agent.act.jobs.notify",
                         lambda *a: pytest.fail("no notify for an invalid spec"))
     slurm = FakeSlurm(state="FAILED")
     rec_id = add_job_rec(store, slurm, action="stop", exclude=(), spec="act,bogus=1")

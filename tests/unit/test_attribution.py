@@ -1,10 +1,11 @@
 """Attribution: which detection wins, and which node (if any) is to blame."""
 from __future__ import annotations
 
-from recovery_agent.detect.attribution import (AttributionContext, PriorAttempt,
-                                               all_detections, attribute,
-                                               context_from_lines, parse_layout,
-                                               straggler_verdict)
+from recovery_agent.detect.attempts import PriorAttempt
+from recovery_agent.detect.attribution import attribute
+from recovery_agent.detect.context import AttributionContext, context_from_lines, parse_layout
+from recovery_agent.detect.evidence import all_detections
+from recovery_agent.detect.straggler import straggler_verdict
 from recovery_agent.detect.model import Detection, Evidence, Verdict
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner

@@ -4,7 +4,9 @@ into it is no node evidence at all. Pure functions; the live, unprivileged-user
 version is tests/integration/test_security_evidence_live.py."""
 from __future__ import annotations
 
-from recovery_agent.detect.attribution import AttributionContext, all_detections, attribute
+from recovery_agent.detect.attribution import attribute
+from recovery_agent.detect.context import AttributionContext
+from recovery_agent.detect.evidence import all_detections
 from recovery_agent.detect.model import Detection, Evidence, Verdict
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner

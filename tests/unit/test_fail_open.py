@@ -83,7 +83,7 @@ def test_ctl_watchdog_force_releases_with_the_store_full(disk, clock, monkeypatc
     store.close()
     import time
     from recovery_agent.interfaces.ctl import main
-    monkeypatch.setattr("recovery_agent.interfaces.ctl.scheduler_for", lambda cfg: slurm)
+    monkeypatch.setattr("recovery_agent.interfaces.ctl.host.scheduler_for", lambda cfg: slurm)
     monkeypatch.setattr(time, "time", lambda: clock[0] + 120)
     cfg_file = tmp_path / "recovery.toml"
     cfg_file.write_text('[agent]\ncluster = "c1"\n[policy]\ndecision_timeout = "60s"\n')

@@ -14,9 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from recovery_agent.interfaces.ctl import main
-from recovery_agent.detect.attribution import (AttributionContext, all_detections, attribute,
-                                               context_from_lines, node_addresses,
-                                               parse_layout, read_node_addresses, with_host)
+from recovery_agent.detect.attribution import attribute
+from recovery_agent.detect.context import (AttributionContext, context_from_lines, node_addresses,
+                                           parse_layout, read_node_addresses, with_host)
+from recovery_agent.detect.evidence import all_detections
 from recovery_agent.detect.model import Detection, Evidence
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner, line_origin

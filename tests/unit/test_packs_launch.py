@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from recovery_agent.detect.attribution import attribute, context_from_lines
+from recovery_agent.detect.attribution import attribute
+from recovery_agent.detect.context import context_from_lines
 from recovery_agent.detect.patterns import load_pack, load_rules, shipped_dir
 from recovery_agent.detect.scanner import Scanner
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from recovery_agent.detect.attribution import attribute, context_from_lines
+from recovery_agent.detect.attribution import attribute
+from recovery_agent.detect.context import context_from_lines
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
 

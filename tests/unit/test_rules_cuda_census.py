@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from recovery_agent.detect.attribution import AttributionContext, attribute, context_from_lines
+from recovery_agent.detect.attribution import attribute
+from recovery_agent.detect.context import AttributionContext, context_from_lines
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
 

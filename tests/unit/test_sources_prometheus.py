@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from recovery_agent.detect.attribution import AttributionContext, attribute
+from recovery_agent.detect.attribution import attribute
+from recovery_agent.detect.context import AttributionContext
 from recovery_agent.inputs.sources import prometheus as prom
 from recovery_agent.inputs.sources.base import SourceResponseError
 from recovery_agent.inputs.sources.feed import CursorStore

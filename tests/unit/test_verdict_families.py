@@ -11,8 +11,9 @@ current rules say; a few run the shipped packs end to end.
 """
 from __future__ import annotations
 
-from recovery_agent.detect.attribution import (AttributionContext, PriorAttempt,
-                                               across_attempts, attribute)
+from recovery_agent.detect.attempts import PriorAttempt, across_attempts
+from recovery_agent.detect.attribution import attribute
+from recovery_agent.detect.context import AttributionContext
 from recovery_agent.detect.model import Detection, Evidence, Verdict
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner

@@ -319,7 +319,7 @@ def test_the_verdict_knows_the_layout_the_log_states(tmp_path, monkeypatch):
 
 
 def test_layout_lines_keep_only_what_states_the_layout_and_are_bounded():
-    from recovery_agent.detect.attribution import LayoutLines
+    from recovery_agent.detect.context import LayoutLines
     kept = LayoutLines(cap=16)
     for line in ["step 1 loss 2.0", *SLURM_ENV, "epoch 3 done"]:
         kept.feed(line)

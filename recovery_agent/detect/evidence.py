@@ -1,0 +1,102 @@
+"""The evidence a verdict weighs: the job's detections with hosts filled in
+and vetted (what a line the job wrote itself may prove), then the context's
+node reports, NODE_FAIL nodes and bad node states as detections of their own."""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Sequence
+
+from .context import AttributionContext, _expand
+from .model import Detection, Evidence
+from .patterns import xid_action
+from .scanner import line_origin
+
+__all__ = ["all_detections"]
+
+_BAD_STATE = re.compile(r"DOWN|FAIL|NOT_RESPONDING|NO_RESPOND|\*")
+
+
+def all_detections(detections: Sequence[Detection],
+                   context: AttributionContext | None = None) -> list[Detection]:
+    """The detections attribution weighs: the input ones with hosts filled in
+    (rank -> host, address -> host), then the context's node reports, NODE_FAIL
+    nodes and bad node states as detections of their own."""
+    context = context or AttributionContext()
+    out = [_vetted(_fill_host(d, context), context) for d in detections]
+    for event in context.node_events:
+        if _in_window(event, context.window):
+            out.append(_node_event(_fill_host(event, context)))
+    for node in context.node_fail:
+        out.append(_slurm_detection("slurm.node_fail", node, f"NODE_FAIL {node}"))
+    for node, state in sorted(context.node_states.items()):
+        if (not context.nodes or node in context.nodes) and _BAD_STATE.search(state.upper()):
+            out.append(_slurm_detection("slurm.node_state", node, f"{node} state {state}"))
+    return out
+
+
+def _fill_host(d: Detection, context: AttributionContext) -> Detection:
+    host = d.host
+    if host is None and d.rank is not None:
+        host = context.rank_hosts.get(d.rank)
+    if host is None and context.task_hosts and d.evidence:
+        task = line_origin(d.evidence[0].text).task
+        host = context.task_hosts.get(task) if task is not None else None
+    if host is not None:
+        host = _node_name(host, context)
+    return d if host == d.host else replace(d, host=host)
+
+
+def _node_name(host: str, context: AttributionContext) -> str:
+    """The node a name in the text stands for: through the address map (IP
+    addresses, hostnames), else its short name when that is one of the job's
+    nodes (NCCL prints short names, torchrun's summary the FQDN)."""
+    if host in context.addresses:
+        return context.addresses[host]
+    if context.nodes and host not in context.nodes and "[" not in host:
+        short = host.split(".")[0]
+        if short in context.nodes or short in context.addresses:
+            return context.addresses.get(short, short)
+    return host
+
+
+def _vetted(d: Detection, context: AttributionContext) -> Detection:
+    """What a line the job wrote itself may prove. A kernel, driver or daemon
+    message (``emitter = "system"``) there proves nothing about a node: the
+    user may have printed it, so it only informs. A host it names counts only
+    when it is one of the job's own nodes (none, while those are not known)."""
+    if d.origin != "job":
+        return d
+    if d.emitter == "system":
+        return replace(d, severity="info", host=None, role="symptom",
+                       detail=f"{d.detail} [a system message in the job's own output: "
+                              "not node evidence]")
+    if d.host is None:
+        return d
+    own = [h for h in _expand(d.host) if h in context.nodes]
+    if len(own) == len(_expand(d.host)):
+        return d
+    return replace(d, host=",".join(own) or None,
+                   detail=f"{d.detail} [names {d.host}, outside the job's nodes: ignored]")
+
+
+def _in_window(d: Detection, window: tuple[float, float] | None) -> bool:
+    times = [e.time for e in d.evidence if e.time is not None]
+    return window is None or not times or any(window[0] <= t <= window[1] for t in times)
+
+
+def _node_event(d: Detection) -> Detection:
+    """A node-report detection; an XID without an action gets the catalog's."""
+    if d.xid is None:
+        return d
+    action = d.action_hint
+    if action == "none":
+        text = d.detail or (d.evidence[0].text if d.evidence else "")
+        action = xid_action(d.xid, text, "sxid" if "SXid" in text else "xid")
+    return replace(d, action_hint=action, role="root", category="gpu_hardware")
+
+
+def _slurm_detection(rule: str, node: str, text: str) -> Detection:
+    return Detection(rule=rule, category="system_software", severity="critical",
+                     action_hint="requeue_exclude", role="root", host=node, origin="system",
+                     evidence=(Evidence(text, "slurm"),), detail=text)

@@ -1,0 +1,133 @@
+"""The record: ``recovery-ctl audit`` (every recommendation with its evidence
+and steps) and ``recovery-ctl report`` (monitor mode scored against humans)."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+
+import click
+
+from ...errors import RecoveryError
+from ...scheduler import scheduler_for
+from ..report import build
+from .client import Client, _config_option, _db_option, _url_option
+from .output import _dump, _json_option, _parse_time, _table, _when
+
+
+AUDIT_FIELDS = ("id", "created", "job_id", "attempt", "workload", "user", "env", "mode",
+                "action", "target_nodes", "exclude", "status", "rule", "reason_category",
+                "pattern_ids", "attribution", "detected_at", "done_at", "error", "steps")
+
+
+@click.command()
+@click.option("--since", default=None, help="ISO time, or a duration back (30m, 2h, 7d).")
+@click.option("--until", default=None, help="ISO time, or a duration back.")
+@click.option("--job", "job_id", default=None, help="Only this job's recommendations.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text",
+              show_default=True, help="json: one object per line; csv: one row each.")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+@_config_option
+@_db_option
+@_url_option
+def audit(since, until, job_id, fmt, as_json, config_path, db_path, url) -> None:
+    """The audit trail: each recommendation (stored before any action) with its
+    evidence, attribution, mode, timestamps and every step taken on Slurm.
+
+    \b
+    Example:
+        recovery-ctl audit --since 24h
+        recovery-ctl audit --job 4410
+        recovery-ctl audit --since 2026-11-01 --format csv > november.csv
+    """
+    recs = Client(config_path, db_path, url, readonly=True).call(
+        "audit", _parse_time(since), _parse_time(until), job_id)
+    fmt = "json" if as_json else fmt
+    if fmt == "json":
+        for rec in recs:
+            _dump(rec)
+        return
+    if fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        writer.writerow(AUDIT_FIELDS)
+        for rec in recs:
+            row = []
+            for key in AUDIT_FIELDS:
+                value = rec.get(key)
+                if key == "steps":
+                    value = "; ".join(f"{s['step']}:{s['state']}" for s in value or [])
+                elif isinstance(value, (list, dict)):
+                    value = json.dumps(value, sort_keys=True)
+                row.append("" if value is None else value)
+            writer.writerow(row)
+        click.echo(buffer.getvalue(), nl=False)
+        return
+    for rec in recs:
+        click.secho(f"#{rec['id']} job {rec['job_id'] or '-'} attempt {rec['attempt']}: "
+                    f"{rec['action']} {','.join(rec['target_nodes'])} -> {rec['status']} "
+                    f"(mode {rec['mode']}, rule {rec['rule']})", bold=True)
+        click.echo(f"    reason:   {rec['reason']}")
+        if rec["exclude"]:
+            click.echo(f"    exclude:  {','.join(rec['exclude'])}")
+        for ev in rec["evidence"][:3] if isinstance(rec["evidence"], list) else []:
+            for line in ev.get("lines", [])[:1]:
+                click.echo(f"    evidence: [{ev['pattern']}] {line['text'][:110]}")
+        click.echo(f"    proposed {_when(rec['created'])}"
+                   + (f", done {_when(rec['done_at'])}" if rec["done_at"] else "")
+                   + (f", note: {rec['error']}" if rec["error"] else ""))
+        for s in rec["steps"]:
+            click.echo(f"      {_when(s['ts'])} {s['step']:<14} {s['state']:<8} {s['detail']}")
+
+
+@click.command()
+@click.option("--since", default="7d", show_default=True,
+              help="ISO time, or a duration back (24h, 7d).")
+@click.option("--until", default=None, help="ISO time, or a duration back [default: now].")
+@_config_option
+@_db_option
+@_json_option
+def report(since, until, config_path, db_path, as_json) -> None:
+    """Score monitor mode: each would_have recommendation against what humans did
+    in Slurm meanwhile (requeues, cancels, drains with their reasons). Prints the
+    agreement, precision and recall of node exclusions, and every case where the
+    two differ. Run it before switching an environment to action mode.
+
+    \b
+    Example:
+        recovery-ctl report --since 14d
+    """
+    client = Client(config_path, db_path, None, readonly=True)
+    if client.service is None:
+        raise click.ClickException(f"report: cannot read the store {client.cfg.store_path} "
+                                   "here (run it on the agent's host, or name it with --db)")
+    sched = scheduler_for(client.cfg)
+    if sched is None:
+        raise click.ClickException("report: Slurm is not reachable (node drains come from "
+                                   "sinfo)")
+    try:
+        nodes = sched.list_nodes()
+    except RecoveryError as exc:
+        raise click.ClickException(f"report: {exc}") from None
+    start, end = _parse_time(since), _parse_time(until) or time.time()
+    result = build(client.store, nodes, start, end)
+    if as_json:
+        _dump(result.as_dict())
+        return
+
+    def pct(value):
+        return "-" if value is None else f"{value * 100:.0f}%"
+    click.echo(f"window {_when(start)} .. {_when(end)}")
+    click.echo(f"would_have decisions compared: {result.compared}; agreed with what humans "
+               f"did: {result.agreed} ({pct(result.agreement)})")
+    click.echo(f"node exclusions: ours {sorted(result.our_nodes) or '-'}, drained by humans "
+               f"{sorted(result.human_nodes) or '-'}; precision {pct(result.precision)}, "
+               f"recall {pct(result.recall)}")
+    for node, why in sorted(result.human_nodes.items()):
+        click.echo(f"  human drain {node}: {why}")
+    if result.differ:
+        click.echo("differences:")
+        _table(result.differ, [("rec", "REC"), ("job", "JOBID"), ("attempt", "ATTEMPT"),
+                               ("would_have", "WOULD_HAVE"), ("nodes", "NODES"),
+                               ("humans", "HUMANS"), ("reason", "REASON")])
