@@ -1,8 +1,10 @@
-"""The store's queries on nodes and on the node hooks' reports (with their
-XIDs) beyond :meth:`Store.node` and :meth:`Store.set_node`; the verdict's wait
-for node evidence has its own in :mod:`.reports`."""
+"""The store's nodes: the strikes blamed on them, their rows (our drains, the
+operator's exclusions), and the node hooks' reports with their XIDs
+(:class:`NodeQueries`, mixed into the store); the verdict's wait for node
+evidence has its own queries in :mod:`.reports`."""
 from __future__ import annotations
 
+import time
 from typing import Any, Mapping
 
 from sqlite_utils import Database
@@ -12,6 +14,29 @@ class NodeQueries:
     """Mixed into :class:`~recovery_agent.store.Store`."""
 
     db: Database
+
+    # -- nodes: strikes, our drains --------------------------------------
+    def add_strike(self, node: str, category: str, weight: float, job_pk: int | None = None,
+                   user: str = "", rec: int | None = None, ts: float | None = None,
+                   witnessed: bool = False) -> None:
+        """One failure blamed on ``node``; ``witnessed`` when evidence the job
+        did not write itself speaks against the node."""
+        self.db["strikes"].insert({"node": node, "ts": ts or time.time(), "job": job_pk,
+                                   "user": user, "category": category, "weight": weight,
+                                   "rec": rec, "witnessed": int(witnessed)})
+
+    def strikes(self, node: str | None = None, since: float = 0.0) -> list[dict]:
+        if node is None:
+            return list(self.db["strikes"].rows_where("ts >= ?", [since], order_by="ts"))
+        return list(self.db["strikes"].rows_where("node = ? and ts >= ?", [node, since],
+                                                  order_by="ts"))
+
+    def node(self, name: str) -> dict | None:
+        rows = list(self.db["nodes"].rows_where("name = ?", [name], limit=1))
+        return rows[0] if rows else None
+
+    def set_node(self, name: str, **values: Any) -> None:
+        self.db["nodes"].upsert({"name": name, **values, "updated": time.time()}, pk="name")
 
     # -- nodes -----------------------------------------------------------------
     def nodes(self) -> list[dict]:

@@ -1,14 +1,17 @@
-"""The store's queries on recommendations that the actuator, the decider, the
-watch loop and the API need beyond adding, reading and updating one (those
-live in the package itself)."""
+"""The store's recommendations (the audit unit) and their execution steps:
+adding, reading and updating one, and the queries the actuator, the decider,
+the watch loop and the API need (:class:`RecQueries`, mixed into the store)."""
 from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Mapping
+import time
+from typing import Any, Iterable, Mapping
 
 from sqlite_utils import Database
+from sqlite_utils.db import NotFoundError
 
+from ..errors import StoreError
 from .records import JSON_COLUMNS, JSON_OBJECTS, OPEN_STATUSES, Recommendation, Status
 
 
@@ -50,6 +53,74 @@ class RecQueries:
     db: Database
     lock: threading.RLock
 
+    # -- recommendations (the audit unit) -----------------------------------
+    def add_recommendation(self, values: Mapping[str, Any]) -> int:
+        """Insert one recommendation; JSON-able fields are encoded. The caller
+        holds the lock and, usually, a transaction with the verdict."""
+        now = time.time()
+        row = encode_rec({"created": now, "updated": now, "tries": 0, "scope": "job",
+                          **values})
+        return self.db["recommendations"].insert(row).last_pk
+
+    def rec(self, pk: int) -> Recommendation:
+        try:
+            return decode_rec(self.db["recommendations"].get(pk))
+        except NotFoundError:
+            raise StoreError(f"no recommendation {pk}") from None
+
+    def recommendations(self, status: str | Iterable[str] | None = None,
+                        job_pk: int | None = None) -> list[Recommendation]:
+        where, args = [], []
+        if status is not None:
+            wanted = [str(status)] if isinstance(status, str) else [str(s) for s in status]
+            where.append(f"status in ({', '.join('?' * len(wanted))})")
+            args += wanted
+        if job_pk is not None:
+            where.append("job = ?")
+            args.append(job_pk)
+        rows = self.db["recommendations"].rows_where(" and ".join(where) or None, args,
+                                                      order_by="id")
+        return [decode_rec(r) for r in rows]
+
+    def job_rec(self, job_pk: int, attempt: int) -> Recommendation | None:
+        rows = list(self.db["recommendations"].rows_where(
+            "job = ? and attempt = ? and scope = 'job'", [job_pk, attempt], limit=1))
+        return decode_rec(rows[0]) if rows else None
+
+    def open_twin(self, rec: Recommendation) -> int | None:
+        """An older open job recommendation for the same Slurm job (cluster, job
+        id, submit time) and attempt as ``rec``, in action mode, if any: two
+        must never act on one failure."""
+        rows = list(self.db["recommendations"].rows_where(
+            "scope = 'job' and mode = 'action' and id < ? and cluster = ? and job_id = ? "
+            "and restart_at = ? and coalesce(submit_time, 0) = ? and status in "
+            f"({sql_list(OPEN_STATUSES)})",
+            [rec.id, rec.cluster, rec.job_id, rec.restart_at,
+             rec.submit_time or 0], order_by="id", limit=1))
+        return rows[0]["id"] if rows else None
+
+    def update_rec(self, pk: int, **values: Any) -> None:
+        """Change some columns of one recommendation (and its ``updated`` time)."""
+        values = encode_rec(values)
+        values["updated"] = time.time()
+        self.db["recommendations"].update(pk, values)
+
+    def save_rec(self, rec: Recommendation, *changed: str) -> None:
+        """Write the ``changed`` columns of ``rec``, the record one of its moves
+        returned (the caller holds a transaction, as for :meth:`update_rec`)."""
+        self.update_rec(rec.id, **{key: getattr(rec, key) for key in changed})
+
+    def add_step(self, rec: int, step: str, state: str, detail: str = "",
+                 ts: float | None = None) -> None:
+        """Record one execution step as it happens (before and after each Slurm call)."""
+        with self.lock, self.db.atomic():
+            self.db["rec_steps"].insert({"rec": rec, "step": step, "state": state,
+                                         "ts": ts or time.time(), "detail": detail[:2000]})
+
+    def steps(self, rec: int) -> list[dict]:
+        return list(self.db["rec_steps"].rows_where("rec = ?", [rec], order_by="id"))
+
+    # -- what the actuator, the decider, the watch loop and the API ask -----
     def holding_recs(self, since: float) -> list[Recommendation]:
         """Job recommendations created since ``since`` that put a hold on their
         job not known to be lifted (open ones, and ended ones whose release

@@ -15,7 +15,8 @@ import pytest
 from recovery_agent.agent import fence_for
 from recovery_agent.config import from_mapping
 from recovery_agent.errors import StoreError
-from recovery_agent.store import CLAIM, Store, StoreLock
+from recovery_agent.store import Store, StoreLock
+from recovery_agent.store.state import CLAIM
 from tests.unit.test_actuator import FakeSlurm, add_job_rec, clock, make_actuator  # noqa: F401
 
 pytestmark = pytest.mark.resilience("two agents on one store",
