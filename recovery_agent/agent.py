@@ -20,7 +20,8 @@ from .detect.scanner import Scanner
 from .errors import RecoveryError
 from .inputs.ingest import Ingest
 from .inputs.jobcache import JobCache
-from .inputs.tail import SqliteCursorStore, Tailer
+from .inputs.logline import SqliteCursorStore
+from .inputs.tail import Tailer
 from .scheduler import Scheduler, scheduler_for
 from .inputs.sources import SourcePoller, build_sources
 from .store import Store, StoreLock, files

@@ -3,8 +3,9 @@ a user names are opened with that user's rights, :mod:`.userfs`) and the lines
 that arrive inside node reports; the node hooks' reports (:mod:`.ingest`); the
 job listing cache (:mod:`.jobcache`); external metric and log stores
 (:mod:`.sources`); a site's attribution provider (:mod:`.provider`)."""
-from .tail import (CursorStore, LogLine, MemoryCursorStore, Notice, SqliteCursorStore, Tailer,
-                 lines_from_report)
+from .logline import CursorStore, LogLine, MemoryCursorStore, Notice, SqliteCursorStore
+from .reportlines import lines_from_report
+from .tail import Tailer
 from .userfs import NotFollowed, Rights
 
 __all__ = ["CursorStore", "LogLine", "MemoryCursorStore", "Notice", "NotFollowed", "Rights",

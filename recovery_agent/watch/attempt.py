@@ -17,7 +17,8 @@ from ..detect.checkpoint import CheckpointWatcher
 from ..detect.context import LayoutLines
 from ..detect.model import Detection
 from ..detect.progress import HangDetector, StragglerDetector
-from ..inputs.tail import LogLine, lines_from_report
+from ..inputs.logline import LogLine
+from ..inputs.reportlines import lines_from_report
 from ..inputs.userfs import Rights
 from ..scheduler.base import Job
 from ..store import STORE_ERRORS

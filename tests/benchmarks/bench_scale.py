@@ -129,7 +129,8 @@ def run_size(n: int, cycles: int, active: int, out: multiprocessing.Queue,
     from recovery_agent.decide.decider import Decider
     from recovery_agent.detect.patterns import load_rules
     from recovery_agent.detect.scanner import Scanner
-    from recovery_agent.inputs.tail import SqliteCursorStore, Tailer
+    from recovery_agent.inputs.logline import SqliteCursorStore
+    from recovery_agent.inputs.tail import Tailer
     from recovery_agent.scheduler.cli_backend import CliScheduler
     from recovery_agent.scheduler.runner import SlurmRunner
     from recovery_agent.watch import verdicts as watch_verdicts

@@ -283,7 +283,8 @@ def flood_reader(opts: dict) -> dict:
     from recovery_agent.config import from_mapping
     from recovery_agent.detect.patterns import load_rules
     from recovery_agent.detect.scanner import Scanner
-    from recovery_agent.inputs.tail import MemoryCursorStore, Tailer
+    from recovery_agent.inputs.logline import MemoryCursorStore
+    from recovery_agent.inputs.tail import Tailer
     from recovery_agent.scheduler.base import Job
     from recovery_agent.store import Store
     from recovery_agent.watch import Watcher

@@ -152,7 +152,8 @@ def test_the_watcher_records_whose_verdict_acted(tmp_path, monkeypatch):
     from recovery_agent.watch import verdicts as watch_verdicts
     from recovery_agent.detect.patterns import load_rules
     from recovery_agent.detect.scanner import Scanner
-    from recovery_agent.inputs.tail import MemoryCursorStore, Tailer
+    from recovery_agent.inputs.logline import MemoryCursorStore
+    from recovery_agent.inputs.tail import Tailer
     from recovery_agent.scheduler.base import Job
     from recovery_agent.store import Store
     monkeypatch.setattr(watch_verdicts, "EPILOG_GRACE", 0.0)

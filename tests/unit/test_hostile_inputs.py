@@ -11,7 +11,8 @@ from recovery_agent.config import from_mapping
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
 from recovery_agent.errors import SchedulerError
-from recovery_agent.inputs.tail import MemoryCursorStore, Tailer
+from recovery_agent.inputs.logline import MemoryCursorStore
+from recovery_agent.inputs.tail import Tailer
 from recovery_agent.scheduler.cli_backend import CliScheduler
 from recovery_agent.scheduler.runner import SlurmRunner
 from recovery_agent.store import Store

@@ -10,7 +10,8 @@ from recovery_agent.config import from_mapping
 from recovery_agent.decide.decider import Decider
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
-from recovery_agent.inputs.tail import MemoryCursorStore, Tailer
+from recovery_agent.inputs.logline import MemoryCursorStore
+from recovery_agent.inputs.tail import Tailer
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Store, same_job
 from recovery_agent.watch import Watcher

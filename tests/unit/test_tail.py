@@ -11,6 +11,7 @@ import pytest
 from recovery_agent.inputs import (LogLine, MemoryCursorStore, SqliteCursorStore, Tailer,
                                  lines_from_report)
 from recovery_agent.inputs import tail as tail_mod
+from recovery_agent.inputs import tailfds, tailread
 from recovery_agent.store import Store
 
 
@@ -215,7 +216,7 @@ def test_unchanged_files_are_not_read(tmp_path, monkeypatch):
     assert len(t.poll()) == 20
     reads = []
     real = os.pread
-    monkeypatch.setattr(tail_mod.os, "pread", lambda *a: reads.append(a) or real(*a))
+    monkeypatch.setattr(tailread.os, "pread", lambda *a: reads.append(a) or real(*a))
     assert t.poll() == [] and reads == []
     write(tmp_path / "f3", "more\n")
     assert texts(t.poll()) == ["more"] and len(reads) == 1
@@ -314,7 +315,7 @@ def test_unreadable_paths_are_recorded_not_raised(tmp_path, monkeypatch):
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, *args, **kw)
 
-    monkeypatch.setattr(tail_mod.os, "open", fake_open)
+    monkeypatch.setattr(tailfds.os, "open", fake_open)
     t = Tailer()
     for path in (folder, denied, good):
         t.add(path, "j")
@@ -322,7 +323,7 @@ def test_unreadable_paths_are_recorded_not_raised(tmp_path, monkeypatch):
     assert t.poll() == []
     assert set(t.errors) == {str(folder), str(denied)}
     assert "PermissionError" in t.errors[str(denied)]
-    monkeypatch.setattr(tail_mod.os, "open", real_open)
+    monkeypatch.setattr(tailfds.os, "open", real_open)
     assert texts(t.poll()) == ["secret"] and set(t.errors) == {str(folder)}
 
 
@@ -473,12 +474,12 @@ def test_poll_iter_yields_lines_a_step_at_a_time(tmp_path):
     sizes, run = [], 0
     last = None
     for line in t.poll_iter():
-        if last is not None and line.offset // tail_mod.STEP != last // tail_mod.STEP:
+        if last is not None and line.offset // tailread.STEP != last // tailread.STEP:
             sizes.append(run)
             run = 0
         run += 1
         last = line.offset
-    assert len(sizes) >= 4 and max(sizes) * 100 <= tail_mod.STEP + 100
+    assert len(sizes) >= 4 and max(sizes) * 100 <= tailread.STEP + 100
 
 
 def test_a_huge_flood_is_flushed_with_bounded_memory_and_the_skip_is_reported(tmp_path):

@@ -13,7 +13,8 @@ import pytest
 from recovery_agent.config import from_mapping
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
-from recovery_agent.inputs.tail import MemoryCursorStore, Tailer
+from recovery_agent.inputs.logline import MemoryCursorStore
+from recovery_agent.inputs.tail import Tailer
 from recovery_agent.interfaces.metrics import render
 from recovery_agent.scheduler.base import Job
 from recovery_agent.inputs.sources import SourcePoller, build_sources
