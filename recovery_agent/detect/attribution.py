@@ -36,7 +36,7 @@ from .attempts import across_attempts
 from .context import AttributionContext, _expand
 from .evidence import _node_name, all_detections
 from .model import Detection, Verdict
-from .scanner import line_origin
+from .origin import line_origin
 
 __all__ = ["attribute"]
 

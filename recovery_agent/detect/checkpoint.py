@@ -2,36 +2,30 @@
 
 Two witnesses, both cheap:
 
-* the job's ``ckpt=`` path (a directory or a glob): :func:`newest_checkpoint`
-  stats a bounded number of entries, with the job user's rights, and returns
-  the newest finished file of theirs;
+* the job's ``ckpt=`` path (a directory or a glob):
+  :func:`recovery_agent.inputs.checkpoints.newest_checkpoint` stats a bounded
+  number of entries, with the job user's rights, and returns the newest
+  finished file of theirs (a :class:`CheckpointFound`; which names count is
+  :func:`ignored_name`, which entry is the newest :func:`newest_found`);
 * the job's log: :class:`CheckpointWatcher` knows how common trainers announce
   a saved checkpoint (Megatron-LM, NeMo/Lightning, DeepSpeed, Hugging Face
   Trainer, TorchTitan and plain ``checkpoint saved: PATH step=N`` lines).
 
 Each attempt keeps its newest :class:`CheckpointRecord`; policy asks
 :func:`attempts_without_progress` how many recent attempts saved nothing newer,
-for rules such as "stop after K attempts without a new checkpoint". Only
-:func:`newest_checkpoint` touches the file system.
+for rules such as "stop after K attempts without a new checkpoint". Nothing
+here touches the file system.
 """
 from __future__ import annotations
 
 import fnmatch
-import glob
-import os
 import re
-import stat
 from dataclasses import dataclass, replace
-from typing import NamedTuple, Sequence
-
-from ..inputs import userfs
+from typing import Iterable, NamedTuple, Sequence
 
 __all__ = ["CheckpointFound", "CheckpointRecord", "CheckpointWatcher",
-           "attempts_without_progress", "newest_checkpoint", "parse_saved", "step_from_path"]
-
-MAX_ENTRIES = 5000   # directory entries examined per scan, at most
-MAX_DEPTH = 3        # levels of subdirectories entered below the ckpt directory
-                     # (or below a directory a glob matched)
+           "attempts_without_progress", "ignored_name", "newest_found", "parse_saved",
+           "step_from_path"]
 
 # Names a trainer writes while a save is under way, or leaves behind when one fails.
 _TEMP_NAMES = ("*.tmp", "*.temp", "*.part", "*.partial", "*.incomplete", "*.lock",
@@ -48,84 +42,19 @@ class CheckpointFound(NamedTuple):
     mtime: float
 
 
-def _ignored(name: str) -> bool:
+def ignored_name(name: str) -> bool:
+    """Whether a directory entry's ``name`` is skipped, with everything below it:
+    a temporary name (a save under way or failed) or a hidden one."""
     if name.startswith("."):
         return name not in _HIDDEN_KEPT
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in _TEMP_NAMES)
 
 
-class _Budget:
-    def __init__(self, entries: int) -> None:
-        self.left = entries
-
-    def take(self) -> bool:
-        self.left -= 1
-        return self.left >= 0
-
-
-def _newest_under(here: userfs.Dir, path: str, depth: int,
-                  budget: _Budget) -> CheckpointFound | None:
-    """The newest non-temporary file below the directory ``here`` (``path``)."""
+def newest_found(candidates: Iterable[CheckpointFound | None]) -> CheckpointFound | None:
+    """The newest of ``candidates`` by mtime (the first seen among equals);
+    None entries (nothing found there) are passed over."""
     best: CheckpointFound | None = None
-    try:
-        for name, st in here.entries(budget.take):
-            if _ignored(name):
-                continue
-            found = _examine(here, name, st, os.path.join(path, name), depth, budget)
-            if found and (best is None or found.mtime > best.mtime):
-                best = found
-    except OSError:
-        pass  # vanished, not readable by the user: what was seen so far stands
-    return best
-
-
-def _examine(parent: userfs.Dir, name: str, st: os.stat_result, path: str, depth: int,
-             budget: _Budget) -> CheckpointFound | None:
-    """A file counts when it is the user's own and readable by them; a
-    directory is looked into (links among entries are neither followed nor
-    entered, so a link loop cannot eat the budget)."""
-    if stat.S_ISREG(st.st_mode):
-        try:
-            parent.check_file(name, st)
-        except OSError:
-            return None
-        return CheckpointFound(path, st.st_mtime)
-    if stat.S_ISDIR(st.st_mode) and depth > 0:
-        try:
-            with parent.child(name) as sub:
-                return _newest_under(sub, path, depth - 1, budget)
-        except OSError:
-            return None
-    return None
-
-
-def newest_checkpoint(ckpt_spec: str, max_entries: int = MAX_ENTRIES,
-                      max_depth: int = MAX_DEPTH,
-                      rights: userfs.Rights | None = None) -> CheckpointFound | None:
-    """The newest finished checkpoint file under ``ckpt_spec`` (an absolute
-    file, directory or glob), as ``(path, mtime)``; None when there is none.
-
-    ``rights``: the job user's (:class:`~recovery_agent.inputs.userfs.Rights`).
-    The spec is then resolved as that user could (directories they may search,
-    listings they may read, no links of theirs followed) and only files they
-    own count; None looks as the agent itself (any owner), for tests and tools.
-
-    Temporary and hidden names (``*.tmp``, ``.foo``, ``tmp-checkpoint-500``) are
-    skipped with everything below them. At most ``max_entries`` directory entries
-    are read and ``max_depth`` levels of subdirectories entered below the path
-    or a glob's matches, so a huge tree costs a bounded scan (the answer is then the newest
-    among the entries seen).
-    """
-    if not ckpt_spec or not os.path.isabs(ckpt_spec):
-        return None
-    budget = _Budget(max_entries)
-    magic = glob.has_magic(ckpt_spec)
-    best: CheckpointFound | None = None
-    for match in userfs.glob(ckpt_spec, rights or userfs.AGENT, budget.take):
-        if magic and _ignored(match.name):
-            continue
-        found = _examine(match.parent, match.name, match.st, match.path, max_depth + 1,
-                         budget)
+    for found in candidates:
         if found and (best is None or found.mtime > best.mtime):
             best = found
     return best
@@ -249,9 +178,10 @@ class CheckpointWatcher:
 
     def observe(self, found: CheckpointFound | None, started: float | None = None
                 ) -> CheckpointRecord | None:
-        """Take the result of :func:`newest_checkpoint`. Files older than the
-        attempt's start (``started``) were written by an earlier attempt and are
-        not this attempt's progress."""
+        """Take the result of
+        :func:`~recovery_agent.inputs.checkpoints.newest_checkpoint`. Files older
+        than the attempt's start (``started``) were written by an earlier attempt
+        and are not this attempt's progress."""
         if found is None or (started is not None and found.mtime < started):
             return None
         record = CheckpointRecord(found.path, step_from_path(found.path), found.mtime, "ckpt")

@@ -11,7 +11,7 @@ from typing import Iterable, Mapping, Sequence
 
 from .attempts import PriorAttempt
 from .model import Detection
-from .scanner import line_origin
+from .origin import line_origin
 
 __all__ = ["AttributionContext", "Layout", "LayoutLines", "context_from_lines", "node_addresses",
            "parse_layout", "read_node_addresses", "with_host"]
@@ -65,7 +65,7 @@ def parse_layout(lines: Iterable[str]) -> Layout:
     ``SLURM_TASKS_PER_NODE``, ranks in block order), ``srun -v`` launch lines,
     NCCL's communicator init and bootstrap lines (the widest communicator
     wins), torchrun's failure summaries (``host :`` then ``rank :``), and the
-    line prefixes (:func:`~.scanner.line_origin`) that put an srun ``--label``
+    line prefixes (:func:`~.origin.line_origin`) that put an srun ``--label``
     task, a ``[rankN]:`` rank or a pdsh/Ray IP address on a line naming its
     host: a task seen on a host is on it, so are the ranks seen on that task."""
     nodes: list[str] = []

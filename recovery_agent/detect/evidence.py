@@ -9,8 +9,8 @@ from typing import Sequence
 
 from .context import AttributionContext, _expand
 from .model import Detection, Evidence
+from .origin import line_origin
 from .patterns import xid_action
-from .scanner import line_origin
 
 __all__ = ["all_detections"]
 

@@ -10,7 +10,7 @@ Lines are processed in blocks: the engine names the candidate lines of a
 block, and only those (and the lines of an open traceback) are decoded and
 checked with the rules' Python regexes, which also supply the named groups.
 
-Multi-line context:
+Multi-line context (the traceback and summary state: :mod:`.tracebacks`):
 
 * A Python traceback (``Traceback (most recent call last):``, indented frames,
   then the exception line) is ONE detection, classified by its exception line:
@@ -25,17 +25,8 @@ Multi-line context:
   before a hit when the hit names none (kernel messages wrapped over lines).
 
 A detection's host is the one its rule's ``host`` group names (a peer); a
-rule without that group gets the node the line's prefixes name
-(:func:`line_origin`: syslog (with or without a facility.severity), journald
-and dmesg formats, a monitoring wrapper quoting a syslog line or carrying a
-host label (Loki, journalctl -o json, Elastic's host.name), NCCL's
-``host:pid:tid [dev]``, UCX's ``[host:pid:tid]``, Open MPI's ``[host:pid]``
-and its BTLs' ``[host][[job,vpid],rank]``, hydra's ``[proxy:N:N@host]``,
-srun's ``error: node: task N:``, old slurmd's ``slurmd[host]:``, pdsh's and
-clush's ``host:``, kubectl's ``[pod/NAME/container]``, a Ray worker's
-``ip=``; loopback names and localhost name no node, and an EC2-style
-``ip-10-1-2-3`` also gives its address), and PyTorch's ``[rankN]:`` (or Open
-MPI's ``[job,N]<stdout>:``) gives the rank when the rule names none.
+rule without that group gets the node the line's prefixes name, and the rank
+when the rule names none (:func:`~.origin.line_origin`).
 
 Every line is cut to ``max_line`` bytes (64 KiB) before matching, CR/LF
 endings are accepted, invalid UTF-8 is replaced: any input is scanned.
@@ -45,33 +36,27 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import replace
-from typing import Iterable, Iterator, NamedTuple, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from slurm_hooks import kmsg
 
 from .engines import TRACEBACK, make_engine
 from .model import Detection, Evidence
+from .origin import _NO_NODE, line_origin
 from .patterns import Rule, xid_action
+from .tracebacks import TB_MAX_LINES, TB_MAX_OTHER, _Summary, _Traceback, _traceback_kind
 
-__all__ = ["MAX_LINE", "Origin", "Scanner", "ScanStream", "line_origin"]
+__all__ = ["MAX_LINE", "Scanner", "ScanStream"]
 
 MAX_LINE = 64 * 1024
 EVIDENCE_MAX = 2048
 BLOCK_LINES = 1 << 16    # scan_lines joins this many lines per block
 CHUNK_BYTES = 64 << 20   # feed_bytes cuts blocks at a line end after this many bytes
-TB_MAX_LINES = 400       # frames and code lines kept open at most
-TB_MAX_OTHER = 20        # unrelated lines tolerated inside a traceback
-SUMMARY_MAX = 80
 
-_PREFIX = re.compile(r"^(?:\s*\d{1,6}: |\[(?:rank|default)?\d+\]: ?|\(\w*\s?pid=\d+[^)]*\) )+")
-_EXC_COLON = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*[a-z]\w*:(?:\s.*)?$")
-_EXC_BARE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\s*$")
-_SUMMARY_FIELD = re.compile(r"^\s*(host|rank|exitcode|traceback)\s*:\s*(.*?)\s*$")
 _PCI = re.compile(r"\b(?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?\b")
 _GPU_UUID = re.compile(r"\bGPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")
 _SEVERITY_BY_ACTION = {"requeue_exclude": "critical", "requeue": "error", "stop": "error",
                        "kill_requeue": "error", "none": "warning"}
-_ROLE_ORDER = {"root": 0, "cause": 1, "symptom": 2, "exit": 3}
 
 
 def _decode(raw: bytes, limit: int) -> str:
@@ -337,57 +322,6 @@ class _Recent:
         return iter(head + lines)
 
 
-class _Traceback:
-    __slots__ = ("header", "frames", "other")
-
-    def __init__(self, header: Evidence) -> None:
-        self.header, self.frames, self.other = header, 0, 0
-
-
-class _Summary:
-    """torchrun's ChildFailedError report after its traceback, folded into one detection."""
-
-    def __init__(self, base: Detection) -> None:
-        self.base = base
-        self.rules: list[tuple[int, Rule, re.Match, str, int]] = []
-        self.fields: dict[str, str] = {}
-        self.rulers = 0        # "=====" lines seen
-        self.lines = 0
-        self.root = False      # inside "Root Cause (first observed failure):"
-
-    def add(self, stream: ScanStream, line: str, lineno: int, candidates) -> str:
-        """Take one line: "more" (keep going), "done" (this line ended the
-        summary) or "not_mine" (no summary here; the line is an ordinary one)."""
-        self.lines += 1
-        body = _PREFIX.sub("", line, count=1).strip()
-        if body.startswith("====="):
-            self.rulers += 1
-            return "done" if self.rulers >= 2 else "more"
-        if self.rulers == 0:
-            return "not_mine" if body or self.lines > 2 else "more"
-        if body.startswith("Root Cause"):
-            self.root, self.fields = True, {}
-        field = _SUMMARY_FIELD.match(body)
-        if field and (self.root or field.group(1) not in self.fields):
-            self.fields[field.group(1)] = field.group(2)
-        for rule, match in stream.scanner.hits(line, candidates):
-            self.rules.append((0 if self.root else 1, rule, match, line, lineno))
-        return "done" if self.lines >= SUMMARY_MAX else "more"
-
-    def finish(self, stream: ScanStream) -> list[Detection]:
-        base = self.base
-        if self.rules:
-            _, rule, match, line, lineno = min(
-                self.rules, key=lambda r: (r[0], -r[1].priority, _ROLE_ORDER[r[1].role]))
-            base = stream.scanner.detection(rule, match, line, lineno, stream.source, (),
-                                            base.evidence, base.detail)
-        rank = re.match(r"\d+", self.fields.get("rank", ""))
-        host = self.fields.get("host") or None
-        return [replace(base, host=base.host or host,
-                        rank=base.rank if base.rank is not None else
-                        (int(rank.group()) if rank else None))]
-
-
 def _cut_long_lines(data: bytes, limit: int, first: int = 0, last: int | None = None) -> bytes:
     """``data[first:last]`` with every line cut to ``limit`` bytes. A line that
     long covers a whole aligned window of limit/2 bytes holding no newline, so
@@ -407,16 +341,6 @@ def _cut_long_lines(data: bytes, limit: int, first: int = 0, last: int | None = 
     if not pieces:
         return data if (first, last) == (0, len(data)) else data[first:last]
     return b"".join(pieces + [data[done:last]])
-
-
-def _traceback_kind(line: str) -> tuple[str, str]:
-    """("frame" | "exception" | "other", the line without launcher prefixes)."""
-    body = _PREFIX.sub("", line, count=1)
-    if not body.strip() or body[0] in " \t" or body.lstrip().startswith("^"):
-        return "frame", body
-    if _EXC_COLON.match(body) or _EXC_BARE.match(body):
-        return "exception", body
-    return "other", body
 
 
 def _blocks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -453,139 +377,3 @@ def _look_back(lines: Sequence[str]) -> tuple[str | None, str | None]:
         if match:
             return None, match.group()
     return None, None
-
-
-# -- where a line was printed: the prefixes log formats and launchers add ----------
-
-class Origin(NamedTuple):
-    """What a line's prefixes say about where it was printed (all optional)."""
-
-    host: str | None = None      # the node: a name, else an IP address
-    rank: int | None = None      # global rank: PyTorch ``[rankN]:``, Open MPI ``[job,N]<stdout>:``
-    task: int | None = None      # srun ``--label`` task number
-    address: str | None = None   # an IP address the line names its node by (pdsh, Ray)
-
-
-_HOST = r"[A-Za-z0-9][\w.-]*"
-_IPV4 = r"\d{1,3}(?:\.\d{1,3}){3}"
-_DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
-_MONTH = r"[^\W\d_]{3,4}\.?"   # Jan, and journald's localized forms (jan., févr.)
-_TAG = r"[\w./@()-]+(?:\[\d+\])?:(?: |$)"
-# syslogd's facility.severity before the tag (busybox, OpenWrt logread, rsyslog
-# templates with %syslogfacility-text%.%syslogseverity-text%)
-_FACILITY = (r"(?:kern|user|mail|daemon|auth|authpriv|syslog|lpr|news|uucp|cron|ftp|local[0-7])"
-             r"\.(?:emerg|alert|crit|err|error|warn|warning|notice|info|debug) ")
-# RFC 3164 and journald short/short-precise ("Mar  3 02:11:09 HOST tag: "),
-# journald short-full ("Mon 2025-03-03 02:11:09 UTC HOST tag: "), RFC 3339
-# (rsyslog high precision, journald short-iso: "2025-03-03T02:11:09.1+00:00 HOST tag: ")
-_SYSLOG_CORE = (r"(?:<\d{1,3}>)?(?:(?:" + _DAY + r" )?" + _MONTH + r" {1,2}\d{1,2} [\d:]{8}"
-                r"(?:\.\d+)?(?: \d{4})?|" + _DAY + r" \d{4}-\d\d-\d\d [\d:]{8}(?:\.\d+)? \w+"
-                r"|\d{4}-\d\d-\d\dT[\d:]{8}(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?) (?!" + _FACILITY
-                + r"|\d{4} )(" + _HOST + r") (?:" + _FACILITY + r")?" + _TAG)
-_SYSLOG = re.compile(_SYSLOG_CORE)
-_SYSLOG_QUOTED = re.compile(r"(?:(?<=[\s\"'=>|\[(])|^)" + _SYSLOG_CORE)   # inside a wrapper
-_SYSLOG_5424 = re.compile(r"<\d{1,3}>1 \S+ (" + _HOST + r") \S+ \S+ \S+ ")
-# journald short-monotonic / short-unix: only with a kernel or daemon[pid] tag
-_JOURNAL_CLOCK = re.compile(r"(?:\[ *\d+\.\d+(?: <[ \d.]+>)?\]|\d{9,}\.\d+) (?!" + _FACILITY
-                            + r")(" + _HOST + r") (?:kernel|[\w.@-]+\[\d+\]): ")
-# prefixes that name nothing: timestamps of collectors, NCCL >= 2.26, dmesg
-# (-T), torchrun's [defaultN]: (a local rank), a facility without a host
-_STAMP = re.compile(r"\s*(?:\d{4}-\d\d-\d\d[T ][\d:]{8}(?:[.,]\d+)?(?: ?(?:Z|[+-]\d\d:?\d\d|UTC))?"
-                    r":? |\[\d{4}-\d\d-\d\d[T ][\d:]{8}(?:[.,]\d+)?\] |\d\d:\d\d:\d\d(?:\.\d+)? "
-                    r"|" + _DAY + " " + _MONTH + r" {1,2}\d{1,2} [\d:]{8} \d{4} ?"  # ctime: mpirun
-                    r"|\[default\d+\]: ?|" + _FACILITY + r"(?:kernel|[\w.@-]+(?:\[\d+\])?): "
-                    r"|\[\d\d?:\d\d:\d\d(?:[.,]\d+)?\]\s"   # [HH:MM:SS] (rich, loguru)
-                    r"|\d+\.\d+s: )")   # flux job attach's seconds since start
-_KERNEL_STAMP = re.compile(r"\s*(?:\[ *\d+\.\d+\]|\[" + _DAY + " " + _MONTH
-                           + r" {1,2}\d{1,2} [\d:]{8} \d{4}\]"
-                           r"|\d{4}-\d\d-\d\dT[\d:]{8},\d+[+-]\d\d:\d\d) ")   # dmesg --time-format iso
-_TASK = re.compile(r"\s*(\d{1,6}): ")
-_RANK = re.compile(r"\[rank(\d+)\]: ?")
-# Open MPI's --tag-output [job,rank]<stdout>:, and the BTLs' [host][[job,vpid],rank][file:line:fn]
-_MPI_RANK = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>: ?")
-_MPI_BTL = re.compile(r"\[(" + _HOST + r")\]\[\[?\d+,(\d+)\]?,(\d+)\]\[")   # job 0: the daemons
-# HPE Cray MPICH's abort line: "MPICH ERROR [Rank R] [job id J] [ctime] [host] - Abort(..."
-# (an older one puts "[unknown]" before the host): the rank and the node it ran on
-_CRAY_MPICH = re.compile(r"MPICH ERROR \[Rank (\d+)\] (?:\[job id [^\]]{1,80}\] )?"
-                         r"(?:\[[^\]]{1,40}\] )?(?:\[unknown\] )?\[(" + _HOST + r")\]")
-# a Ray worker's (Class pid=N, ip=A), an old one's (pid=N, ip=A), (raylet, ip=A)
-_RAY = re.compile(r"\((?:\w+ pid=\d+|pid=\d+|raylet)(?:, ip=(" + _IPV4 + r"))?[^)]*\) ")
-# (srun's "error: slurm_receive_msgs: [[host]:6818] failed" names a function, not a node)
-_NAMED = re.compile(r"(?:srun: error: (?!slurm_\w+: )|slurmstepd-|pdsh@\S+: |clush: )"
-                    r"([A-Za-z0-9][\w.\[\],-]*)"
-                    r"(?:: tasks? [\d,\[\]-]+)?: |\[\d\d/\d\d/\d{4} [\d:]{8}\]\[(" + _HOST
-                    + r")\]\[\d+\]:"   # ... and cuda_memtest's [date time][host][dev]:
-                    r"|\[proxy:[\d:]+@(" + _HOST + r")\] "   # MPICH/Intel MPI hydra's proxy
-                    r"|\[pod/(" + _HOST + r")/[\w.-]+\] "   # kubectl logs --prefix
-                    r"|slurm(?:d|stepd)\[(?=[\w.-]*[A-Za-z])(" + _HOST + r")\]: ")   # Slurm <= 14
-_NCCL = re.compile(r"([\w.][\w.-]*)(?::\w+:\w+)? \[\d+\] (?=(?:\S+:\d+ (?:\(\w+\) )?)?NCCL )")
-# UCX's [host:pid:thread] (pid padded), Open MPI's signal report [host:pid]
-_UCX = re.compile(r"\[(?!\d+:)(" + _HOST + r"):\d+(?: *:\w+(?::\d+)?)?\]\s")
-_PDSH = re.compile(r"(" + _IPV4 + r"|(?=[a-z0-9.-]*\d)[a-z0-9][a-z0-9.-]*): ")
-_NOT_A_HOST = re.compile(r"(?:(?:rank|step|epoch|iter|task|python|cuda)[\d.]*|0x\w*|nvidia\S*"
-                         r"|(?:ib|eth|en[ops]|bond|br|veth|nvme|loop|md|dm-|sd[a-z]|mlx|hfi"
-                         r"|ata|scsi|usb)\d+[\w.]*)$")
-# names that name no node: loopback, syslog's placeholder for an unset hostname
-_NO_NODE = re.compile(r"(?:localhost(?:\.localdomain)?|127(?:\.\d{1,3}){3}|\(none\))", re.I)
-# a hostname that spells its IP address: EC2's ip-10-1-2-3, pods' 10-1-2-3
-_DASHED_IP = re.compile(r"(?:ip-)?(\d{1,3})-(\d{1,3})-(\d{1,3})-(\d{1,3})(?:\..*)?")
-# a monitoring wrapper's label: host="n1" (Loki, Prometheus), "nodeName":"n1" (JSON),
-# journalctl -o json's "_HOSTNAME" : "n1", Elastic ECS's "host":{..."name":"n1"
-_LABEL = re.compile(r"(?:\b(?:hostname|host|nodename|node|node_name|instance)=\"|\"(?:hostname|host"
-                    r"|nodename|nodeName|node_name|node|_HOSTNAME)\" ?: ?\""
-                    r"|\"host\": ?\{[^{}]*?\"(?:hostname|name)\": ?\")(" + _HOST + r")")
-
-
-def line_origin(line: str) -> Origin:
-    """The node, rank and srun task a line's prefixes name (:class:`Origin`).
-
-    Prefixes are peeled from the start of the line; the innermost name wins (a
-    pdsh IP address before NCCL's host name gives the name, and the address).
-    A line no prefix names may quote a syslog line (a monitoring wrapper) or
-    carry a ``host="..."`` label."""
-    host = address = None
-    rank = task = None
-    pos, kernel = 0, False
-    for _ in range(10):
-        while pos < len(line) and line[pos] in " \t":
-            pos += 1
-        found = (_SYSLOG.match(line, pos) or _SYSLOG_5424.match(line, pos)
-                 or _JOURNAL_CLOCK.match(line, pos))
-        if found:
-            host, pos = found.group(1), found.end()
-            continue
-        found = _STAMP.match(line, pos)
-        if found is None and (found := _KERNEL_STAMP.match(line, pos)):
-            kernel = True
-        if found is None and task is None and (found := _TASK.match(line, pos)):
-            task = int(found.group(1))
-        if found is None and (found := _RANK.match(line, pos) or _MPI_RANK.match(line, pos)):
-            rank = int(found.group(1))
-        if found is None and (found := _RAY.match(line, pos)):
-            address = found.group(1) or address
-        if found is None and (found := _CRAY_MPICH.match(line, pos)):
-            host, rank = found.group(2), int(found.group(1))
-        if found is None and (found := _MPI_BTL.match(line, pos)):
-            host = found.group(1)
-            rank = int(found.group(3)) if found.group(2) != "0" else rank
-        if found is None and (found := _NAMED.match(line, pos) or _NCCL.match(line, pos)
-                              or _UCX.match(line, pos)):
-            host = next(name for name in found.groups() if name)
-        if found is None and not kernel and (found := _PDSH.match(line, pos)):
-            name = found.group(1)
-            if _NOT_A_HOST.match(name):
-                break
-            host = name
-        if found is None:
-            break
-        pos = found.end()
-    if host is not None and re.fullmatch(_IPV4, host):
-        address, host = host, None
-    if host is None and address is None and pos < len(line):
-        found = _SYSLOG_QUOTED.search(line, pos) or _LABEL.search(line, pos)
-        host = found.group(1) if found else None
-    host = None if host is None or _NO_NODE.fullmatch(host) else host.rstrip(".")
-    address = None if address is None or _NO_NODE.fullmatch(address) else address
-    if host and address is None and (spelt := _DASHED_IP.fullmatch(host)):
-        address = ".".join(spelt.groups())
-    return Origin(host or address, rank, task, address)

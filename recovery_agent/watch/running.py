@@ -8,10 +8,10 @@ straggler (:mod:`recovery_agent.detect.straggler`).
 from __future__ import annotations
 
 from ..detect.attribution import attribute
-from ..detect.checkpoint import newest_checkpoint
 from ..detect.evidence import all_detections
 from ..detect.model import Detection
 from ..detect.straggler import straggler_verdict
+from ..inputs.checkpoints import newest_checkpoint
 from ..scheduler.base import Job
 from ..store import STORE_ERRORS
 from .attempt import AttemptWatch

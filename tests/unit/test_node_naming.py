@@ -19,8 +19,9 @@ from recovery_agent.detect.context import (AttributionContext, context_from_line
                                            parse_layout, read_node_addresses, with_host)
 from recovery_agent.detect.evidence import all_detections
 from recovery_agent.detect.model import Detection, Evidence
+from recovery_agent.detect.origin import line_origin
 from recovery_agent.detect.patterns import load_rules
-from recovery_agent.detect.scanner import Scanner, line_origin
+from recovery_agent.detect.scanner import Scanner
 
 SCANNER = Scanner(load_rules(), engine="re")
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from recovery_agent.config import Config, from_mapping
-from recovery_agent.detect.checkpoint import newest_checkpoint
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
 from recovery_agent.inputs import MemoryCursorStore, NotFollowed, Rights, Tailer
 from recovery_agent.inputs import userfs
+from recovery_agent.inputs.checkpoints import newest_checkpoint
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Store
 from recovery_agent.watch import Watcher

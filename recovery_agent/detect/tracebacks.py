@@ -1,0 +1,86 @@
+"""The scanner's multi-line context: a Python traceback kept open until its
+exception line (:func:`_traceback_kind` sorts each line), and torchrun's
+``ChildFailedError`` summary after it, folded into the same detection
+(:class:`_Summary`). The :class:`~.scanner.ScanStream` drives both."""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from .model import Detection, Evidence
+from .patterns import Rule
+
+if TYPE_CHECKING:
+    from .scanner import ScanStream
+
+TB_MAX_LINES = 400       # frames and code lines kept open at most
+TB_MAX_OTHER = 20        # unrelated lines tolerated inside a traceback
+SUMMARY_MAX = 80
+
+_PREFIX = re.compile(r"^(?:\s*\d{1,6}: |\[(?:rank|default)?\d+\]: ?|\(\w*\s?pid=\d+[^)]*\) )+")
+_EXC_COLON = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*[a-z]\w*:(?:\s.*)?$")
+_EXC_BARE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\s*$")
+_SUMMARY_FIELD = re.compile(r"^\s*(host|rank|exitcode|traceback)\s*:\s*(.*?)\s*$")
+_ROLE_ORDER = {"root": 0, "cause": 1, "symptom": 2, "exit": 3}
+
+
+class _Traceback:
+    __slots__ = ("header", "frames", "other")
+
+    def __init__(self, header: Evidence) -> None:
+        self.header, self.frames, self.other = header, 0, 0
+
+
+class _Summary:
+    """torchrun's ChildFailedError report after its traceback, folded into one detection."""
+
+    def __init__(self, base: Detection) -> None:
+        self.base = base
+        self.rules: list[tuple[int, Rule, re.Match, str, int]] = []
+        self.fields: dict[str, str] = {}
+        self.rulers = 0        # "=====" lines seen
+        self.lines = 0
+        self.root = False      # inside "Root Cause (first observed failure):"
+
+    def add(self, stream: ScanStream, line: str, lineno: int, candidates) -> str:
+        """Take one line: "more" (keep going), "done" (this line ended the
+        summary) or "not_mine" (no summary here; the line is an ordinary one)."""
+        self.lines += 1
+        body = _PREFIX.sub("", line, count=1).strip()
+        if body.startswith("====="):
+            self.rulers += 1
+            return "done" if self.rulers >= 2 else "more"
+        if self.rulers == 0:
+            return "not_mine" if body or self.lines > 2 else "more"
+        if body.startswith("Root Cause"):
+            self.root, self.fields = True, {}
+        field = _SUMMARY_FIELD.match(body)
+        if field and (self.root or field.group(1) not in self.fields):
+            self.fields[field.group(1)] = field.group(2)
+        for rule, match in stream.scanner.hits(line, candidates):
+            self.rules.append((0 if self.root else 1, rule, match, line, lineno))
+        return "done" if self.lines >= SUMMARY_MAX else "more"
+
+    def finish(self, stream: ScanStream) -> list[Detection]:
+        base = self.base
+        if self.rules:
+            _, rule, match, line, lineno = min(
+                self.rules, key=lambda r: (r[0], -r[1].priority, _ROLE_ORDER[r[1].role]))
+            base = stream.scanner.detection(rule, match, line, lineno, stream.source, (),
+                                            base.evidence, base.detail)
+        rank = re.match(r"\d+", self.fields.get("rank", ""))
+        host = self.fields.get("host") or None
+        return [replace(base, host=base.host or host,
+                        rank=base.rank if base.rank is not None else
+                        (int(rank.group()) if rank else None))]
+
+
+def _traceback_kind(line: str) -> tuple[str, str]:
+    """("frame" | "exception" | "other", the line without launcher prefixes)."""
+    body = _PREFIX.sub("", line, count=1)
+    if not body.strip() or body[0] in " \t" or body.lstrip().startswith("^"):
+        return "frame", body
+    if _EXC_COLON.match(body) or _EXC_BARE.match(body):
+        return "exception", body
+    return "other", body
