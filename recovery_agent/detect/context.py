@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
+import hostlist
+
 from .attempts import PriorAttempt
 from .model import Detection
 from .origin import line_origin
@@ -178,7 +180,6 @@ def _expand(hosts: str) -> list[str]:
     if "[" not in hosts and "," not in hosts:
         return [hosts]
     try:
-        import hostlist
         return list(hostlist.expand_hostlist(hosts))
     except Exception:   # a malformed list: keep it as one name
         return [hosts]

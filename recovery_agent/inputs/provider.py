@@ -24,6 +24,8 @@ from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from typing import Any, Callable, Sequence
 
+import requests
+
 from ..detect.model import Detection, Verdict
 
 log = logging.getLogger(__name__)
@@ -116,8 +118,6 @@ class Provider:
 
 
 def webhook(url: str, timeout: float, token: str = "") -> Provider:
-    import requests
-
     def call(body: dict) -> Any:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         resp = requests.post(url, json=body, timeout=timeout, headers=headers)

@@ -158,7 +158,7 @@ def config_keys() -> list[str]:
 _INTRO = f"""\
 # Configuration reference
 
-<!-- Generated from recovery_agent/config.py and slurm_hooks/settings.py by
+<!-- Generated from recovery_agent/config/schema.py and slurm_hooks/settings.py by
      `{CONFIG_COMMAND}`.
      Do not edit by hand: tests/unit/test_docs.py fails when this file is stale. -->
 

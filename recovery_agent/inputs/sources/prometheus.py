@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Collection, Mapping, Sequence
 
 from slurm_hooks import kmsg
@@ -483,7 +483,6 @@ def counter_increase(base: float | None, points: Sequence[tuple[float, float]]
 
 
 def _merge(a: Detection, b: Detection) -> Detection:
-    from dataclasses import replace
     return replace(a, evidence=(a.evidence + b.evidence)[:4])
 
 
