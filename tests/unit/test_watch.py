@@ -34,6 +34,28 @@ def events(store, kind):
     return [e for e in store.timeline(1) if e["kind"] == kind]
 
 
+def fail_after(tmp_path, nodes, first, last, listed=()):
+    """A job on ``nodes`` prints ``first``, runs a cycle, prints ``last`` and
+    fails; its verdict's data, and the scheduler (sinfo lists ``listed``)."""
+    out = tmp_path / "job-77.out"
+    out.write_text("\n".join(first) + "\n")
+    clock = [2000.0]
+    watcher, store, sched = make(tmp_path, clock)
+    sched.nodes = list(listed)
+    sched.jobs = [job("RUNNING", str(out), nodes=nodes)]
+    watcher.cycle()
+    with open(out, "a") as fh:
+        fh.write(last + "\n")
+    clock[0] += 2
+    watcher.cycle()
+    sched.jobs = [job("FAILED", str(out), exit_code=1, nodes=nodes)]
+    watcher.cycle()
+    clock[0] += 20
+    watcher.cycle()
+    (verdict,) = events(store, "verdict")
+    return verdict["data"], sched
+
+
 def test_comment_job_is_registered_followed_and_judged(tmp_path):
     out = tmp_path / "train-77.out"
     out.write_text("step 1 loss 2.0\n")
@@ -297,23 +319,9 @@ def test_the_verdict_knows_the_layout_the_log_states(tmp_path, monkeypatch):
     real = watch_module.attribute
     monkeypatch.setattr(watch_module, "attribute",
                         lambda found, context=None: seen.append(context) or real(found, context))
-    out = tmp_path / "ranks-77.out"
-    out.write_text("\n".join(SLURM_ENV) + "\nstep 1 loss 2.0\n")
-    clock = [2000.0]
-    watcher, store, sched = make(tmp_path, clock)
     nodes = ("borgo086", "borgo140")
-    sched.jobs = [job("RUNNING", str(out), nodes=nodes)]
-    watcher.cycle()
-    with open(out, "a") as fh:
-        fh.write(RANK0_LINE + "\n")
-    clock[0] += 2
-    watcher.cycle()
-    sched.jobs = [job("FAILED", str(out), exit_code=1, nodes=nodes)]
-    watcher.cycle()
-    clock[0] += 20
-    watcher.cycle()
-    (verdict,) = events(store, "verdict")
-    assert verdict["data"]["category"] == "cuda_error"
+    verdict, _ = fail_after(tmp_path, nodes, [*SLURM_ENV, "step 1 loss 2.0"], RANK0_LINE)
+    assert verdict["category"] == "cuda_error"
     context = seen[-1]
     assert context.nodes == nodes                 # Slurm's list, not the log's
     assert context.rank_hosts[0] == "borgo086" and context.rank_hosts[7] == "borgo140"
@@ -341,24 +349,9 @@ PEER_LINE = ("node-2:5776:5902 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : G
 
 
 def peer_failure(tmp_path, nodes):
-    out = tmp_path / "peer-77.out"
-    out.write_text("step 1 loss 2.0\n")
-    clock = [2000.0]
-    watcher, store, sched = make(tmp_path, clock)
-    sched.nodes = nodes
-    names = tuple(n.name for n in nodes[:2])
-    sched.jobs = [job("RUNNING", str(out), nodes=names)]
-    watcher.cycle()
-    with open(out, "a") as fh:
-        fh.write(PEER_LINE + "\n")
-    clock[0] += 2
-    watcher.cycle()
-    sched.jobs = [job("FAILED", str(out), exit_code=1, nodes=names)]
-    watcher.cycle()
-    clock[0] += 20
-    watcher.cycle()
-    (verdict,) = events(store, "verdict")
-    return verdict["data"], sched
+    """The job runs on the first two of ``nodes`` (which sinfo lists)."""
+    return fail_after(tmp_path, tuple(n.name for n in nodes[:2]), ["step 1 loss 2.0"],
+                      PEER_LINE, listed=nodes)
 
 
 def test_an_nccl_peer_address_names_the_node_slurm_gives_that_address(tmp_path):
