@@ -89,12 +89,13 @@ def run(deliverer, sleep=time.sleep, pauses: tuple[float, ...] = PAUSES) -> bool
 def main(environ=os.environ) -> int:
     """The detached replayer (started by :func:`start`)."""
     try:
-        from . import report, settings
+        from . import node as where
+        from . import settings
         from .delivery import Deliverer
         cfg = settings.load(environ)
-        node = report.node_name(environ)
-        report.setup_logging(cfg, node)
-        spool = Path(report.node_path(cfg.spool_dir, node))
+        node = where.node_name(environ)
+        where.setup_logging(cfg, node)
+        spool = Path(where.node_path(cfg.spool_dir, node))
         lock = _hold_lock(spool)
         if lock is None:
             return 0

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -14,6 +13,7 @@ from pathlib import Path
 
 from . import gpu, kmsg, settings, spec
 from .delivery import Deliverer
+from .node import node_name, node_path, setup_logging
 
 log = logging.getLogger("slurm_hooks")
 REPORT_VERSION = 1
@@ -23,30 +23,6 @@ REPORT_VERSION = 1
 # needs: when the agent does not take it, it tries again after these pauses
 # (about 3 s more at most with the default 0.5 s timeout) before spooling it.
 EPILOG_RETRY_PAUSES = (0.5, 1.0)
-
-
-def node_path(template: str, node: str) -> str:
-    return template.replace("{node}", node) if template else ""
-
-
-def node_name(environ: Mapping[str, str]) -> str:
-    return environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-
-
-def setup_logging(cfg: settings.Settings, node: str) -> None:
-    handler: logging.Handler
-    path = node_path(cfg.log_file, node)
-    try:
-        if not path:
-            raise OSError("no log file configured")
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(path)
-    except OSError:
-        handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(
-        f"%(asctime)s {node} %(process)d %(levelname)s %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
 
 
 def job_identity(environ: Mapping[str, str]) -> dict:

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from .model import Detection, Evidence
 from .patterns import Rule
 
-if TYPE_CHECKING:
-    from .scanner import ScanStream
+
+class ScanStream(Protocol):
+    """What of the scanner's stream (:class:`.scanner.ScanStream`) the
+    tracebacks use: its scanner (``hits``, ``detection``) and its source."""
+
+    scanner: Any
+    source: str
 
 TB_MAX_LINES = 400       # frames and code lines kept open at most
 TB_MAX_OTHER = 20        # unrelated lines tolerated inside a traceback
