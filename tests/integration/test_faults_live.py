@@ -63,7 +63,8 @@ def test_slurmctld_killed_during_a_step(ctld, submit, tmp_path, cleanup, step):
     agent.start()
     try:
         job_id, _out, bad = xid_under_job(submit, devcluster, tmp_path, cleanup, agent)
-        wait_for(pause.exists, 60, f"the agent paused before {step}")
+        # the case before restarted slurmctld: the next job may take longer to get there
+        wait_for(pause.exists, 120, f"the agent paused before {step}")
         devcluster.kill_ctld()
         pause.unlink()                  # the step now meets a dead controller
         time.sleep(CTLD_DOWN_S)
