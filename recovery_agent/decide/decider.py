@@ -21,8 +21,8 @@ from ..detect.attempts import PriorAttempt
 from ..detect.model import Detection, Verdict
 from ..errors import SchedulerError
 from .policy import (STRIKE_WEIGHTS, BudgetState, Decision, History, Limits, NodeFacts,
-              Strike, confined, decide, drain_budget, effective_mode, lemon_score,
-              our_drain, voiced)
+                     Strike, confined, decide, drain_budget, effective_mode, lemon_score,
+                     our_drain, voiced)
 from ..scheduler.base import Job, Scheduler
 from ..store import Recommendation, Status, Store
 

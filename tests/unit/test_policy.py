@@ -13,8 +13,9 @@ from recovery_agent.config import from_mapping
 from recovery_agent.decide.decider import Decider
 from recovery_agent.detect.model import Detection, Evidence, Verdict
 from recovery_agent.errors import SchedulerError
-from recovery_agent.decide.policy import (BudgetState, Decision, History, Limits, NodeFacts, Strike,
-                                   decide, drain_budget, effective_mode, lemon_score, voiced)
+from recovery_agent.decide.policy import (BudgetState, Decision, History, Limits, NodeFacts,
+                                          Strike, decide, drain_budget, effective_mode,
+                                          lemon_score, voiced)
 from recovery_agent.scheduler.base import Job, Node
 from recovery_agent.store import Store
 from slurm_hooks import spec as specs

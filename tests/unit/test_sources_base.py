@@ -14,11 +14,12 @@ from recovery_agent import config
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.errors import ConfigError
 from recovery_agent.inputs.sources import query
-from recovery_agent.inputs.sources.base import (SourceAuthError, SourceRateLimited, SourceResponseError,
-                                         SourceTimeout, SourceUnavailable)
+from recovery_agent.inputs.sources.base import (SourceAuthError, SourceRateLimited,
+                                                SourceResponseError, SourceTimeout,
+                                                SourceUnavailable)
 from recovery_agent.inputs.sources.feed import CursorStore
 from recovery_agent.inputs.sources.http import (Credentials, Endpoint, Health, HttpClient,
-                                         parse_retry_after, redact_url)
+                                                parse_retry_after, redact_url)
 from tests.fixtures.sources.httpfake import FakeServer, dead_url, json_reply
 
 

@@ -11,9 +11,10 @@ import pytest
 from recovery_agent import config
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.inputs.sources import (JobRef, LokiSource, MetricsSource, SourcePoller,
-                                    VictoriaLogsSource, build_sources)
+                                           VictoriaLogsSource, build_sources)
 from recovery_agent.inputs.sources.http import Endpoint
-from recovery_agent.inputs.sources.check import CheckResult, check_source, check_sources, summary_lines
+from recovery_agent.inputs.sources.check import (CheckResult, check_source, check_sources,
+                                                 summary_lines)
 from recovery_agent.inputs.sources.loki import LokiLabels
 from recovery_agent.inputs.sources.prometheus import DcgmLabels
 from tests.fixtures.sources.httpfake import FakeServer, dead_url, json_reply, recorded

@@ -9,7 +9,7 @@ import tracemalloc
 import pytest
 
 from recovery_agent.inputs import (LogLine, MemoryCursorStore, SqliteCursorStore, Tailer,
-                                 lines_from_report)
+                                   lines_from_report)
 from recovery_agent.inputs import tail as tail_mod
 from recovery_agent.inputs import tailfds, tailread
 from recovery_agent.store import Store

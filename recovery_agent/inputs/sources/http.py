@@ -19,7 +19,7 @@ import requests
 
 from ...errors import ConfigError
 from .base import (SourceAuthError, SourceError, SourceRateLimited, SourceResponseError,
-            SourceTimeout, SourceUnavailable)
+                   SourceTimeout, SourceUnavailable)
 
 log = logging.getLogger(__name__)
 
