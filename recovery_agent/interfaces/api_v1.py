@@ -25,6 +25,7 @@ import time
 
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from slurm_hooks import munge
 
@@ -246,9 +247,11 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
 
     @app.post("/v1/nodes/{name}/exclude", tags=["nodes"])
     async def exclude(name: str, request: Request) -> dict:
-        """Exclude a node from every tracked job's retries (admin). Body: {"reason": "..."}"""
+        """Exclude a node from every tracked job's retries (admin): one Slurm knows,
+        unless forced. Body: {"reason": "...", "force": false}"""
         who, data = await caller(request)
-        return service.exclude(who, name, str(data.get("reason") or ""))
+        return await run_in_threadpool(service.exclude, who, name,
+                                       str(data.get("reason") or ""), data.get("force") is True)
 
     @app.post("/v1/nodes/{name}/include", tags=["nodes"])
     async def include(name: str, request: Request) -> dict:

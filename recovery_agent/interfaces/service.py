@@ -26,6 +26,7 @@ from ..config import MODES, Config
 from ..decide.decider import MODE_OVERRIDES, Decider, environment_mode, mode_overrides
 from ..errors import RecoveryError
 from ..decide.policy import effective_mode
+from ..scheduler import Scheduler, scheduler_for
 from ..store import Recommendation, Status, Store
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,11 @@ class NotFound(ServiceError):
 
 class Conflict(ServiceError):
     status = 409
+
+
+class SlurmUnavailable(ServiceError):
+    """Slurm could not be asked (no backend here, or its command failed)."""
+    status = 503
 
 
 @dataclass(frozen=True)
@@ -110,8 +116,11 @@ def decoded(row: dict) -> dict:
 
 
 class Service:
-    def __init__(self, cfg: Config, store: Store, clock=time.time) -> None:
+    def __init__(self, cfg: Config, store: Store, clock=time.time,
+                 scheduler: Scheduler | None = None) -> None:
         self.cfg, self.store, self.clock = cfg, store, clock
+        self.scheduler = scheduler          # made from the config when first needed
+        self._slurm_nodes: tuple[float, set[str]] | None = None
 
     # -- reads ---------------------------------------------------------------
     def job_row(self, job_id: str) -> dict:
@@ -329,15 +338,51 @@ class Service:
                     before=before, after=mode)
         return {"env": env, "mode": mode, "before": before}
 
-    def exclude(self, who: Caller, name: str, reason: str) -> dict:
+    def slurm_node_names(self) -> set[str]:
+        """The nodes Slurm knows (sinfo), asked at most every 5 s. Raises
+        SlurmUnavailable when Slurm cannot be asked: that never means "none"."""
+        now = self.clock()
+        if self._slurm_nodes and now - self._slurm_nodes[0] < 5:
+            return self._slurm_nodes[1]
+        sched = self.scheduler = self.scheduler or scheduler_for(self.cfg)
+        if sched is None:
+            raise SlurmUnavailable("cannot ask Slurm which nodes it has: no usable "
+                                   "scheduler backend here (see the agent's log)")
+        try:
+            names = {n.name for n in sched.list_nodes()}
+        except RecoveryError as exc:
+            raise SlurmUnavailable(f"cannot ask Slurm which nodes it has: {exc}") from None
+        self._slurm_nodes = (now, names)
+        return names
+
+    def _unchecked(self, name: str, force: bool) -> str:
+        """Why a node Slurm does not know (or cannot say it knows) is excluded
+        anyway under ``force`` ("" when Slurm knows it); without ``force``, the
+        refusal."""
+        hint = "; to exclude it anyway, force it (recovery-ctl exclude --force)"
+        try:
+            if name in self.slurm_node_names():
+                return ""
+            why = f"Slurm has no node {name!r}"
+            if not force:
+                raise NotFound(why + hint)
+        except SlurmUnavailable as exc:
+            why = str(exc)
+            if not force:
+                raise SlurmUnavailable(f"{why}; {name} not excluded{hint}") from None
+        return why
+
+    def exclude(self, who: Caller, name: str, reason: str, force: bool = False) -> dict:
         self._admin(who, "exclude nodes")
         if not reason.strip():
             raise BadRequest("a reason is required")
+        forced = self._unchecked(name, force)
         with self.store.transaction():
             self.store.set_node(name, excluded_by_operator=1)
-        self._audit(None, who, "exclude", f"node {name} excluded from retries: {reason}",
-                    node=name, reason=reason)
-        return {"node": name, "excluded": True}
+        self._audit(None, who, "exclude", f"node {name} excluded from retries: {reason}"
+                    + (f" (forced: {forced})" if forced else ""),
+                    node=name, reason=reason, **({"forced": forced} if forced else {}))
+        return {"node": name, "excluded": True, **({"forced": forced} if forced else {})}
 
     def include(self, who: Caller, name: str) -> dict:
         self._admin(who, "include nodes")

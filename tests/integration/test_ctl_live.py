@@ -70,3 +70,31 @@ def test_report_scores_monitor_mode_against_a_human_drain(agent, submit, devclus
     assert report["node_recall"] == 1.0 and report["compared"] >= 1
     text = ctl(agent, "report", "--since", "1h").stdout
     assert "precision" in text and "recall 100%" in text
+
+
+def test_exclude_is_checked_against_the_nodes_slurm_has(agent):
+    """A typo'd node is refused (through the agent's API and straight on the
+    store), a node of the cluster is taken, and --force says it forced."""
+    url = f"http://127.0.0.1:{agent.port}"
+    refused = ctl(agent, "exclude", "nodeZZ", "--reason", "typo", "--url", url)
+    assert refused.returncode == 1
+    assert "Slurm has no node 'nodeZZ'" in refused.stderr and "HTTP 404" in refused.stderr
+    local = ctl(agent, "exclude", "nodeZZ", "--reason", "typo", "--db", str(agent.db))
+    assert local.returncode == 1 and "Slurm has no node 'nodeZZ'" in local.stderr
+    assert agent.query("select name from nodes where name = 'nodeZZ'") == []
+    try:
+        taken = ctl(agent, "exclude", "node[3-4]", "--reason", "rack work", "--url", url,
+                    "--json")
+        assert taken.returncode == 0, taken.stderr
+        assert [a["node"] for a in json.loads(taken.stdout)] == ["node3", "node4"]
+        assert "forced" not in taken.stdout
+        rows = agent.query("select name from nodes where excluded_by_operator = 1 "
+                           "order by name")
+        assert [r[0] for r in rows] == ["node3", "node4"]
+        forced = ctl(agent, "exclude", "nodeZZ", "--reason", "retired", "--force",
+                     "--url", url)
+        assert forced.returncode == 0, forced.stderr
+        assert "nodeZZ: excluded from retries (forced: Slurm has no node" in forced.stdout
+    finally:
+        ctl(agent, "include", "node[3-4],nodeZZ", "--url", url)
+    assert agent.query("select count(*) from nodes where excluded_by_operator = 1") == [(0,)]

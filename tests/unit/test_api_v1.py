@@ -13,7 +13,7 @@ from recovery_agent.interfaces.api import create_app
 from recovery_agent.config import from_mapping
 from recovery_agent.decide.decider import Decider
 from recovery_agent.inputs.ingest import Ingest
-from recovery_agent.scheduler.base import Job
+from recovery_agent.scheduler.base import Job, Node
 from recovery_agent.store import Store
 from slurm_hooks import spec as specs
 
@@ -158,7 +158,17 @@ def test_mode_change_is_admin_only_persisted_audited_and_used(tmp_path):
     assert "action -> monitor" in event["message"] and '"uid": 0' in event["data"]
 
 
-def test_exclude_and_include_a_node(tmp_path):
+class SlurmNodes:
+    def __init__(self, *names):
+        self.names = names
+
+    def list_nodes(self, names=None):
+        return [Node(name=n, state="IDLE") for n in self.names]
+
+
+def test_exclude_and_include_a_node(tmp_path, monkeypatch):
+    monkeypatch.setattr("recovery_agent.interfaces.service.scheduler_for",
+                        lambda cfg: SlurmNodes("node3"))
     _, store, client = make(tmp_path)
     assert post(client, "/v1/nodes/node3/exclude", OWNER, {"reason": "x"}).status_code == 403
     assert post(client, "/v1/nodes/node3/exclude", ADMIN, {}).status_code == 400
@@ -171,6 +181,12 @@ def test_exclude_and_include_a_node(tmp_path):
     assert store.node("node3")["excluded_by_operator"] == 0
     assert post(client, "/v1/nodes/zz/include", ADMIN).status_code == 404
     assert client.get("/v1/nodes/zz").status_code == 404
+    # a node Slurm does not know is refused, unless forced (and the answer says so)
+    unknown = post(client, "/v1/nodes/nodeZZ/exclude", ADMIN, {"reason": "typo"})
+    assert unknown.status_code == 404 and "Slurm has no node 'nodeZZ'" in unknown.json()["detail"]
+    assert store.node("nodeZZ") is None
+    forced = post(client, "/v1/nodes/nodeZZ/exclude", ADMIN, {"reason": "r", "force": True})
+    assert forced.status_code == 200 and "Slurm has no node" in forced.json()["forced"]
 
 
 def test_metrics_are_prometheus_text(tmp_path):

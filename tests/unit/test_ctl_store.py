@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from recovery_agent.interfaces.ctl import main as ctl
-from recovery_agent.scheduler.base import Job
+from recovery_agent.scheduler.base import Job, Node
 from recovery_agent.store import MIGRATIONS, Store
 
 
@@ -27,6 +27,9 @@ def env(tmp_path, monkeypatch):
                       f'[api]\nauth = "none"\nadmin_uids = "{os.getuid()}"\n'
                       '[environments.prod]\nmode = "monitor"\n')
     monkeypatch.setenv("RECOVERY_CONFIG", str(config))
+    # the nodes Slurm knows, for exclude's check (no slurmctld here)
+    monkeypatch.setattr("recovery_agent.interfaces.service.scheduler_for",
+                        lambda cfg: SlurmNodes("node1", "node2", "node3", "node4"))
     store = Store(tmp_path / "recovery.db")
     job = Job(job_id="4410", numeric_id=4410, submit_time=1000, user="ana", name="llm",
               state="FAILED", nodes=("node1", "node2"))
@@ -44,6 +47,16 @@ def env(tmp_path, monkeypatch):
     store.add_step(rec, "requeue_hold", "started", "restart 0 -> 1")
     store.add_step(rec, "requeue_hold", "ok", "restart 0 -> 1")
     return tmp_path, store, rec
+
+
+class SlurmNodes:
+    """A scheduler whose node listing is these names (all exclude asks of it)."""
+
+    def __init__(self, *names):
+        self.names = names
+
+    def list_nodes(self, names=None):
+        return [Node(name=n, state="IDLE") for n in self.names]
 
 
 def run(*args):

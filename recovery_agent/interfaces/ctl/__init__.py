@@ -16,19 +16,24 @@ from . import actions, audit, host, patterns, show
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def main() -> None:
+@click.option("--utc", is_flag=True,
+              help="Print times in UTC (2026-12-01T20:16:50Z) instead of local time.")
+@click.version_option(package_name="slurm-recovery", prog_name="recovery-ctl",
+                      message="%(prog)s %(version)s")
+def main(utc: bool) -> None:
     """Inspect and steer slurm-recovery: jobs, nodes, recommendations, modes,
     the audit trail, the watchdog, checks and reports, and pattern packs.
 
     \b
     Examples:
-        recovery-ctl show jobs
+        recovery-ctl show jobs --state R
+        recovery-ctl --utc audit --since 24h
         recovery-ctl check --sources
         recovery-ctl patterns test slurm-4410.out
     """
 
 
 for _command in (patterns.patterns, show.show, actions.mode, actions.exclude,
-                 actions.include, actions.ack, actions.cancel, audit.audit,
+                 actions.include, actions.ack, actions.complete, actions.cancel, audit.audit,
                  host.watchdog, host.check, audit.report):
     main.add_command(_command)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import time
 
 import click
@@ -16,9 +15,40 @@ from .client import Client, _config_option, _db_option, _url_option
 from .output import _dump, _json_option, _parse_time, _table, _when
 
 
+# the CSV's columns: plain values, times as ISO 8601 (no JSON inside a cell)
 AUDIT_FIELDS = ("id", "created", "job_id", "attempt", "workload", "user", "env", "mode",
                 "action", "target_nodes", "exclude", "status", "rule", "reason_category",
-                "pattern_ids", "attribution", "detected_at", "done_at", "error", "steps")
+                "reason", "pattern_ids", "blame", "confidence", "attributed_nodes",
+                "suspects", "evidence", "detected_at", "done_at", "error", "steps")
+_TIMES = ("created", "detected_at", "done_at")
+
+
+def _csv_row(rec: dict) -> list:
+    """One recommendation as the CSV's plain cells."""
+    attribution = rec.get("attribution") if isinstance(rec.get("attribution"), dict) else {}
+    evidence = rec.get("evidence") if isinstance(rec.get("evidence"), list) else []
+    first = [f"[{ev.get('pattern', '-')}] {line.get('text', '')}"
+             for ev in evidence[:1] for line in ev.get("lines", [])[:1]]
+    confidence = attribution.get("confidence")
+    values = {
+        **rec,
+        **{key: _when(rec.get(key)) if rec.get(key) else "" for key in _TIMES},
+        "blame": attribution.get("blame"),
+        "confidence": "" if confidence is None else f"{float(confidence):.2f}",
+        "attributed_nodes": attribution.get("nodes"),
+        "suspects": attribution.get("suspects"),
+        "evidence": first[0] if first else "",
+        "steps": "; ".join(f"{s['step']}:{s['state']}" for s in rec.get("steps") or []),
+    }
+    row = []
+    for key in AUDIT_FIELDS:
+        value = values.get(key)
+        if isinstance(value, (list, tuple)):
+            value = ",".join(map(str, value))
+        elif isinstance(value, dict):
+            value = "; ".join(f"{k}={v}" for k, v in sorted(value.items()))
+        row.append("" if value is None else value)
+    return row
 
 
 @click.command()
@@ -53,15 +83,7 @@ def audit(since, until, job_id, fmt, as_json, config_path, db_path, url) -> None
         writer = csv.writer(buffer)
         writer.writerow(AUDIT_FIELDS)
         for rec in recs:
-            row = []
-            for key in AUDIT_FIELDS:
-                value = rec.get(key)
-                if key == "steps":
-                    value = "; ".join(f"{s['step']}:{s['state']}" for s in value or [])
-                elif isinstance(value, (list, dict)):
-                    value = json.dumps(value, sort_keys=True)
-                row.append("" if value is None else value)
-            writer.writerow(row)
+            writer.writerow(_csv_row(rec))
         click.echo(buffer.getvalue(), nl=False)
         return
     for rec in recs:
@@ -121,8 +143,9 @@ def report(since, until, config_path, db_path, as_json) -> None:
     click.echo(f"window {_when(start)} .. {_when(end)}")
     click.echo(f"would_have decisions compared: {result.compared}; agreed with what humans "
                f"did: {result.agreed} ({pct(result.agreement)})")
-    click.echo(f"node exclusions: ours {sorted(result.our_nodes) or '-'}, drained by humans "
-               f"{sorted(result.human_nodes) or '-'}; precision {pct(result.precision)}, "
+    click.echo(f"node exclusions: ours {','.join(sorted(result.our_nodes)) or '-'}, drained by "
+               f"humans {','.join(sorted(result.human_nodes)) or '-'}; precision "
+               f"{pct(result.precision)}, "
                f"recall {pct(result.recall)}")
     for node, why in sorted(result.human_nodes.items()):
         click.echo(f"  human drain {node}: {why}")

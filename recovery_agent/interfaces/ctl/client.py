@@ -162,10 +162,14 @@ _HTTP = {
         if (since is None or r["created"] >= since) and (until is None or r["created"] <= until)],
     "set_mode": lambda c, env, mode: c._http("POST", f"/v1/environments/{env}/mode",
                                              {"mode": mode}),
-    "exclude": lambda c, name, reason: c._http("POST", f"/v1/nodes/{name}/exclude",
-                                               {"reason": reason}),
+    "recommendation": lambda c, rec_id: c._http("GET", f"/v1/recommendations/{rec_id}"),
+    "exclude": lambda c, name, reason, force=False: c._http(
+        "POST", f"/v1/nodes/{name}/exclude", {"reason": reason, "force": force}),
     "include": lambda c, name: c._http("POST", f"/v1/nodes/{name}/include"),
     "ack": lambda c, rec_id: c._http("POST", f"/v1/recommendations/{rec_id}/ack"),
+    "complete": lambda c, rec_id, outcome, detail="": c._http(
+        "POST", f"/v1/recommendations/{rec_id}/complete",
+        {"outcome": outcome, "detail": detail}),
     "cancel": lambda c, rec_id, reason="": c._http("POST",
                                                    f"/v1/recommendations/{rec_id}/cancel",
                                                    {"reason": reason}),

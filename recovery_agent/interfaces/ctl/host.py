@@ -23,17 +23,20 @@ from .output import _dump, _json_option
 @_config_option
 @_db_option
 @click.option("--force", is_flag=True, help="Run even while a live agent holds the store.")
-def watchdog(config_path, db_path, force: bool) -> None:
+@_json_option
+def watchdog(config_path, db_path, force: bool, as_json: bool) -> None:
     """Release jobs held for a recovery decision longer than
     policy.decision_timeout (fail open). Meant for a systemd timer or cron:
     it works from the store and Slurm alone, while the agent is down. When a
     live agent holds the store and its heartbeat is fresh, it does nothing
-    (the agent runs the same watchdog itself).
+    (the agent runs the same watchdog itself). --json prints one object: the
+    notes, and each job released.
 
     \b
     Example:
         recovery-ctl watchdog          # from contrib/systemd/slurm-recovery-watchdog.timer
     """
+    report = _Report(as_json)
     client = Client(config_path, db_path, None)
     if client.service is None:
         raise click.ClickException(f"watchdog: cannot read the store {client.cfg.store_path} "
@@ -45,22 +48,41 @@ def watchdog(config_path, db_path, force: bool) -> None:
     try:
         lock.acquire()   # held while acting: no agent starts on the store meanwhile
     except OSError as exc:   # no lock file can be made (a full disk): fail open
-        click.echo(f"watchdog: cannot take the store lock ({exc.strerror}); going on "
-                   "without it")
+        report.note(f"watchdog: cannot take the store lock ({exc.strerror}); going on "
+                    "without it")
     except RecoveryError:
         if not force and age < cfg.policy.decision_timeout:
-            click.echo(f"watchdog: the agent is running (heartbeat {age:.0f}s ago) and runs "
-                       "the watchdog itself; nothing to do")
+            report.note(f"watchdog: the agent is running (heartbeat {age:.0f}s ago) and runs "
+                        "the watchdog itself; nothing to do")
+            report.done(agent_running=True)
             return
-        click.echo(f"watchdog: the agent holds the store but its heartbeat is {age:.0f}s old"
-                   + (" (--force)" if force else "") + "; releasing what it left held")
+        report.note(f"watchdog: the agent holds the store but its heartbeat is {age:.0f}s old"
+                    + (" (--force)" if force else "") + "; releasing what it left held")
     try:
-        _watchdog_pass(cfg, store)
+        _watchdog_pass(cfg, store, report)
     finally:
         lock.release()
+    report.done(agent_running=False)
 
 
-def _watchdog_pass(cfg, store) -> None:
+class _Report:
+    """What the watchdog says: lines as it goes, or one JSON object at the end."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json, self.notes, self.released = as_json, [], []
+
+    def note(self, text: str) -> None:
+        if self.as_json:
+            self.notes.append(text)
+        else:
+            click.echo(text)
+
+    def done(self, **extra) -> None:
+        if self.as_json:
+            _dump({**extra, "released": self.released, "notes": self.notes})
+
+
+def _watchdog_pass(cfg, store, report: _Report) -> None:
     """One watchdog pass from this process. The releases run even when the store
     refuses writes (full disk, read-only): their record then waits in the side
     journal (``<store>.journal``) and reaches the store on a later run."""
@@ -74,16 +96,20 @@ def _watchdog_pass(cfg, store) -> None:
     actuator = Actuator(cfg, store, sched)
     if len(actuator.journal):
         written = actuator.journal.replay(store)
-        click.echo(f"watchdog: {written} record(s) from the side journal written to the store")
+        report.note(f"watchdog: {written} record(s) from the side journal written to the "
+                    "store")
     released = actuator.watchdog(listing, time.time())
     for pk in released:
         rec = store.rec(pk)
-        status = "released (recorded in the side journal)" \
-            if pk in actuator.journaled else rec.status
-        click.echo(f"watchdog: released job {rec.job_id} (recommendation #{pk}, {status})")
-    click.echo(f"watchdog: {len(released)} job(s) released"
-               + (f"; {len(actuator.journal)} record(s) wait in {actuator.journal.path} for "
-                  "the store to take writes" if len(actuator.journal) else ""))
+        journaled = pk in actuator.journaled
+        status = "released (recorded in the side journal)" if journaled else rec.status
+        report.released.append({"job_id": rec.job_id, "recommendation": pk,
+                                "status": str(getattr(rec.status, "value", rec.status)),
+                                "journaled": journaled})
+        report.note(f"watchdog: released job {rec.job_id} (recommendation #{pk}, {status})")
+    report.note(f"watchdog: {len(released)} job(s) released"
+                + (f"; {len(actuator.journal)} record(s) wait in {actuator.journal.path} for "
+                   "the store to take writes" if len(actuator.journal) else ""))
 
 
 @click.command()

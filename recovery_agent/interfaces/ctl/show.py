@@ -7,7 +7,9 @@ from dataclasses import asdict
 import click
 
 from .client import Client, _config_option, _db_option, _url_option
-from .output import _dump, _json_option, _table, _when
+from .inputs import job_states, node_names
+from .output import (_dump, _json_option, _score, _table, _when, _yes, listing_options,
+                     node_health)
 
 
 @click.group()
@@ -16,36 +18,50 @@ def show() -> None:
 
     \b
     Example:
-        recovery-ctl show jobs --state RUNNING
+        recovery-ctl show jobs --state R
         recovery-ctl show job 4410
     """
 
 
+JOB_COLUMNS = [("job_id", "JOBID"), ("name", "NAME"), ("user", "USER"), ("state", "STATE"),
+               ("env", "ENV"), ("mode", "MODE"), ("attempts", "ATTEMPTS"),
+               ("category", "CATEGORY"), ("last_detection", "LAST_DETECTION"),
+               ("last_recommendation", "LAST_RECOMMENDATION")]
+
+
 @show.command("jobs")
-@click.option("--state", default=None, help="Only jobs in this Slurm state.")
+@click.option("--state", default=None, metavar="STATE[,STATE...]",
+              help="Only jobs in these Slurm states: names or codes, any case "
+                   "(running, R, pd,cg).")
 @click.option("--user", default=None, help="Only this user's jobs.")
 @click.option("--env", default=None, help="Only jobs of this environment.")
 @_config_option
 @_db_option
 @_url_option
 @_json_option
-def show_jobs(state, user, env, config_path, db_path, url, as_json) -> None:
-    """Tracked jobs, newest first: state, env, mode, attempts, last detection.
+@listing_options
+def show_jobs(state, user, env, config_path, db_path, url, as_json, listing) -> None:
+    """Tracked jobs, newest first: state, env, mode, attempts, the category that
+    decided the last recommendation, last detection and recommendation.
 
     \b
     Example:
         recovery-ctl show jobs --user ana --env prod
+        recovery-ctl show jobs --state R,PD -P -o jobid,state,category
     """
-    rows = Client(config_path, db_path, url, readonly=True).call("jobs", state, user, env)
+    states = job_states(state)
+    client = Client(config_path, db_path, url, readonly=True)
+    rows = []
+    for one in states or [None]:
+        rows += client.call("jobs", one, user, env)
+    if len(states) > 1:
+        rows.sort(key=lambda r: r.get("id") or 0, reverse=True)
     if as_json:
         _dump(rows)
         return
     for r in rows:
         r["attempts"] = (r["restart_count"] or 0) + 1
-    _table(rows, [("job_id", "JOBID"), ("name", "NAME"), ("user", "USER"), ("state", "STATE"),
-                  ("env", "ENV"), ("mode", "MODE"), ("attempts", "ATTEMPTS"),
-                  ("last_detection", "LAST_DETECTION"),
-                  ("last_recommendation", "LAST_RECOMMENDATION")])
+    listing.print(rows, JOB_COLUMNS)
 
 
 @show.command("job")
@@ -102,32 +118,54 @@ def show_job(job_id: str, config_path, db_path, url, as_json: bool) -> None:
         click.echo(f"    {_when(e['ts'])} {attempt:<4} {e['kind']:<16} {e['message']}")
 
 
+NODE_COLUMNS = [("name", "NODE"), ("health_text", "HEALTH"), ("suspect", "SUSPECT"),
+                ("strike_count", "STRIKES"), ("ours", "OUR_DRAIN"),
+                ("drain_reason", "REASON"), ("excluded", "EXCLUDED"),
+                ("last_report", "LAST_HEALTH")]
+
+
+def _last_report(health) -> str:
+    """The node's last hook report in words: ``prolog: 2 GPUs, ok``."""
+    if not isinstance(health, dict) or not health:
+        return "-"
+    state = {True: "ok", False: "failing"}.get(health.get("ok"), "unknown")
+    return f"{health.get('hook') or 'report'}: {health.get('count', '?')} GPUs, {state}"
+
+
+def _strike_count(row: dict) -> int:
+    if "strike_count" in row:
+        return int(row["strike_count"] or 0)
+    strikes = row.get("strikes")
+    return len(strikes) if isinstance(strikes, list) else int(strikes or 0)
+
+
 @show.command("nodes")
 @_config_option
 @_db_option
 @_url_option
 @_json_option
-def show_nodes(config_path, db_path, url, as_json) -> None:
-    """Nodes: suspect (lemon) score, our drains, operator exclusions, last health.
+@listing_options
+def show_nodes(config_path, db_path, url, as_json, listing) -> None:
+    """Nodes: health, suspect (lemon) score, strikes, our drains, operator
+    exclusions, the last hook report.
 
     \b
     Example:
         recovery-ctl show nodes
+        recovery-ctl show nodes -P -n -o node,health
     """
     rows = Client(config_path, db_path, url, readonly=True).call("nodes")
     if as_json:
         _dump(rows)
         return
     for r in rows:
-        health = r.get("last_health") or {}
-        r["health"] = (f"{health.get('hook', '')} gpus={health.get('count')} "
-                       f"ok={health.get('ok')}" if isinstance(health, dict) and health
-                       else "-")
-        r["ours"] = "drained" if r.get("drained_by_us") else ""
-        r["excluded"] = "yes" if r.get("excluded_by_operator") else ""
-    _table(rows, [("name", "NODE"), ("suspect_score", "SUSPECT"), ("ours", "OUR_DRAIN"),
-                  ("drain_reason", "REASON"), ("excluded", "EXCLUDED"),
-                  ("health", "LAST_HEALTH")])
+        r["health_text"] = node_health(r)
+        r["suspect"] = _score(r.get("suspect_score") or 0.0)
+        r["strike_count"] = _strike_count(r)
+        r["ours"] = _yes(r.get("drained_by_us"))
+        r["excluded"] = _yes(r.get("excluded_by_operator"))
+        r["last_report"] = _last_report(r.get("last_health"))
+    listing.print(rows, NODE_COLUMNS)
 
 
 @show.command("node")
@@ -137,23 +175,51 @@ def show_nodes(config_path, db_path, url, as_json) -> None:
 @_url_option
 @_json_option
 def show_node(name, config_path, db_path, url, as_json) -> None:
-    """One node: score, drain, strikes (which job, what category, when).
+    """Nodes by name or hostlist: health, score, drain, strikes (which job, what
+    category, when). JSON: the node, or a list for a hostlist of several.
 
     \b
     Example:
         recovery-ctl show node node7
+        recovery-ctl show node 'node[1-2]'
     """
-    row = Client(config_path, db_path, url, readonly=True).call("node", name)
+    names = node_names(name)
+    client = Client(config_path, db_path, url, readonly=True)
+    rows, missing = [], []
+    for one in names:
+        try:
+            rows.append(client.call("node", one))
+        except click.ClickException as exc:
+            if len(names) == 1:
+                raise
+            missing.append(exc.format_message())
     if as_json:
-        _dump(row)
-        return
-    click.secho(f"NodeName={row['name']} Suspect={row['suspect_score']} "
-                f"DrainedByUs={bool(row.get('drained_by_us'))} "
-                f"Excluded={bool(row.get('excluded_by_operator'))} "
+        _dump(rows[0] if len(names) == 1 else rows)
+    else:
+        for row in rows:
+            _print_node(row)
+    for problem in missing:
+        click.echo(f"Error: {problem}", err=True)
+    if missing:
+        raise SystemExit(1)
+
+
+def _print_node(row: dict) -> None:
+    click.secho(f"NodeName={row['name']} Suspect={_score(row.get('suspect_score') or 0.0)} "
+                f"Strikes={_strike_count(row)} "
+                f"DrainedByUs={_yes(row.get('drained_by_us'))} "
+                f"Excluded={_yes(row.get('excluded_by_operator'))} "
                 f"Reason={row.get('drain_reason') or '-'}", bold=True)
-    for s in row["strikes"]:
-        click.echo(f"  strike {_when(s['ts'])} {s['category']:<14} weight={s['weight']} "
-                   f"job_row={s['job'] or '-'} user={s['user'] or '-'}")
+    click.echo(f"  Health={node_health(row)}")
+    for s in row["strikes"] if isinstance(row.get("strikes"), list) else []:
+        click.echo(f"  strike {_when(s['ts'])} {s['category']:<14} "
+                   f"weight={_score(s['weight'])} job_row={s['job'] or '-'} "
+                   f"user={s['user'] or '-'}")
+
+
+REC_COLUMNS = [("id", "ID"), ("created_at", "CREATED"), ("job_id", "JOBID"),
+               ("attempt", "ATTEMPT"), ("action", "ACTION"), ("target_nodes", "NODES"),
+               ("mode", "MODE"), ("status", "STATUS"), ("rule", "RULE"), ("error", "NOTE")]
 
 
 @show.command("recommendations")
@@ -164,12 +230,14 @@ def show_node(name, config_path, db_path, url, as_json) -> None:
 @_db_option
 @_url_option
 @_json_option
-def show_recommendations(status, env, config_path, db_path, url, as_json) -> None:
+@listing_options
+def show_recommendations(status, env, config_path, db_path, url, as_json, listing) -> None:
     """Recommendations, newest first: what, where, why, and where it stands.
 
     \b
     Example:
         recovery-ctl show recommendations --status blocked_by_budget
+        recovery-ctl show recommendations -P -o id,status,nodes
     """
     rows = Client(config_path, db_path, url, readonly=True).call("recommendations", status, env)
     if as_json:
@@ -177,10 +245,47 @@ def show_recommendations(status, env, config_path, db_path, url, as_json) -> Non
         return
     for r in rows:
         r["created_at"] = _when(r["created"])
-    _table(rows, [("id", "ID"), ("created_at", "CREATED"), ("job_id", "JOBID"),
-                  ("attempt", "ATTEMPT"), ("action", "ACTION"), ("target_nodes", "NODES"),
-                  ("mode", "MODE"), ("status", "STATUS"), ("rule", "RULE"),
-                  ("error", "NOTE")])
+    listing.print(rows, REC_COLUMNS)
+
+
+@show.command("recommendation")
+@click.argument("rec_id", type=int)
+@_config_option
+@_db_option
+@_url_option
+@_json_option
+def show_recommendation(rec_id, config_path, db_path, url, as_json) -> None:
+    """One recommendation: what, where, why, its evidence, its times and every
+    step taken on Slurm.
+
+    \b
+    Example:
+        recovery-ctl show recommendation 17
+    """
+    rec = Client(config_path, db_path, url, readonly=True).call("recommendation", rec_id)
+    if as_json:
+        _dump(rec)
+        return
+    click.secho(f"Recommendation={rec['id']} JobId={rec['job_id'] or '-'} "
+                f"Attempt={'-' if rec['attempt'] is None else rec['attempt']} "
+                f"Action={rec['action']} Nodes={','.join(rec['target_nodes']) or '-'} "
+                f"Status={rec['status']} Mode={rec['mode']} Rule={rec['rule'] or '-'}",
+                bold=True)
+    click.echo(f"  Reason={rec['reason'] or '-'}")
+    click.echo(f"  Category={rec['reason_category'] or '-'} Env={rec['env'] or '-'} "
+               f"User={rec['user'] or '-'} Exclude={','.join(rec['exclude']) or '-'}")
+    click.echo(f"  Created={_when(rec['created'])} Detected={_when(rec['detected_at'])} "
+               f"Done={_when(rec['done_at'])}")
+    if rec.get("claimed_by"):
+        click.echo(f"  ClaimedBy={rec['claimed_by']} Until={_when(rec['claim_expires'])}")
+    if rec.get("error"):
+        click.echo(f"  Note={rec['error']}")
+    for ev in rec["evidence"] if isinstance(rec["evidence"], list) else []:
+        for line in ev.get("lines", [])[:1]:
+            click.echo(f"  Evidence [{ev.get('pattern', '-')}] {str(line.get('text', ''))[:110]}")
+    for s in rec.get("steps", []):
+        click.echo(f"    {_when(s['ts'])} {s['step']:<14} {s['state']:<8} {s['detail'] or ''}"
+                   .rstrip())
 
 
 @show.command("config")
