@@ -18,6 +18,7 @@ import grp
 import json
 import logging
 import pwd
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,9 @@ STATUSES = tuple(s.value for s in Status)
 NODE_COLUMNS = ("name", "cluster", "drained_by_us", "drain_reason", "drained_at", "drain_rec",
                 "drain_slurm_reason", "drain_slurm_user", "drain_slurm_time",
                 "excluded_by_operator", "last_health", "updated")
+# a character that is not white space in Python's str.strip() nor in JSON Schema's
+# (ECMA) \s: a reason needs one (the API's schema states this very pattern)
+VISIBLE = r"[^\t\n\v\f\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
 # a node reads as suspect from this share of the lemon threshold (where it is drained)
 SUSPECT_SHARE = 0.25
 _JSON_KEYS = ("nodes", "target_nodes", "exclude", "pattern_ids", "evidence", "attribution",
@@ -313,24 +317,27 @@ class Service:
 
     def recs(self, status: str | None = None, env: str | None = None,
              mode: str | None = None, job: str | None = None,
-             limit: int = 500, who: Caller | None = None) -> list[Recommendation]:
+             limit: int = 500, who: Caller | None = None,
+             before: int | None = None) -> list[Recommendation]:
         """Newest first; a user (``who``) gets those of their own jobs (with the
-        drains those jobs' failures led to)."""
+        drains those jobs' failures led to). ``before``: only those with an id
+        below it, the next page."""
         self.expire_claims()
         if status and status not in STATUSES:
             raise BadRequest(f"status must be one of {', '.join(STATUSES)}")
         job_pk = self.job_row(job)["id"] if job else None
         rows = self.store.recommendations(status, job_pk=job_pk)
         rows = [r for r in rows if (not env or r.env == env)
-                and (not mode or r.mode == mode)
+                and (not mode or r.mode == mode) and (before is None or r.id < before)
                 and (sees_all(who) or (r.user or "") == who.name)]
         return rows[::-1][:limit]
 
     def recommendations(self, status: str | None = None, env: str | None = None,
                         mode: str | None = None, job: str | None = None,
-                        limit: int = 500, who: Caller | None = None) -> list[dict]:
+                        limit: int = 500, who: Caller | None = None,
+                        before: int | None = None) -> list[dict]:
         """:meth:`recs` as the API shows them."""
-        return [r.to_dict() for r in self.recs(status, env, mode, job, limit, who)]
+        return [r.to_dict() for r in self.recs(status, env, mode, job, limit, who, before)]
 
     def _rec(self, rec_id: int, who: Caller | None = None) -> Recommendation:
         if not self.store.has_rec(rec_id):
@@ -407,7 +414,7 @@ class Service:
 
     def exclude(self, who: Caller, name: str, reason: str) -> dict:
         self._admin(who, "exclude nodes")
-        if not reason.strip():
+        if not re.search(VISIBLE, reason):
             raise BadRequest("a reason is required")
         with self.store.transaction():
             self.store.set_node(name, excluded_by_operator=1)
