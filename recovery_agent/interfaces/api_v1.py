@@ -307,7 +307,8 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
                         env: str | None = None,
                         mode: str | None = None, job: str | None = None,
                         limit: int = Query(500, ge=1, le=10000),
-                        cursor: int | None = Query(None, ge=1, le=MAX_ID, description=CURSOR)) -> dict:
+                        cursor: int | None = Query(None, ge=1, le=MAX_ID, description=CURSOR)
+                        ) -> dict:
         """Recommendations, newest first, a page of at most ``limit``. A site
         controller polls ``?status=proposed&mode=external``, then acks, acts and
         completes (as an admin). A user sees those about their own jobs."""

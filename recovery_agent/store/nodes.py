@@ -43,7 +43,8 @@ class NodeQueries:
         """The data of the latest operator exclusion of ``name`` (the API's
         ``api_exclude`` timeline line: uid, user, reason), or None."""
         rows = list(self.db["events"].rows_where(
-            "kind = 'api_exclude' and json_valid(data) and json_extract(data, '$.node') = ?",
+            "job is null and kind = 'api_exclude' and json_valid(data) "
+            "and json_extract(data, '$.node') = ?",
             [name], select="data", order_by="id desc", limit=1))
         return json.loads(rows[0]["data"]) if rows else None
 
