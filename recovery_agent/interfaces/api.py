@@ -15,12 +15,14 @@ import json
 import logging
 import tempfile
 import threading
+from importlib import metadata
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from slurm_hooks import munge
 
+from . import api_schema as S
 from . import api_v1
 from .api_v1 import read_body
 from ..config import Config
@@ -43,14 +45,23 @@ class Counters:
             self.values[name] = self.values.get(name, 0) + 1
 
 
+def package_version() -> str:
+    """The installed package's version (pyproject.toml's): the API's too."""
+    try:
+        return metadata.version("slurm-recovery")
+    except metadata.PackageNotFoundError:   # run from a source tree never installed
+        return "0+unknown"
+
+
 def create_app(cfg: Config, ingest: Ingest) -> FastAPI:
-    app = FastAPI(title="slurm-recovery agent", version="0.2.0",
+    app = FastAPI(title="slurm-recovery agent", version=package_version(),
                   description="Hook ingest, jobs, nodes, the Advisor API for site "
                               "controllers, operator actions, health and metrics.")
     counters = Counters()
     app.state.counters = counters
     app.state.ingest = ingest
     api_v1.register(app, cfg, ingest.store, counters)
+    S.install(app)
 
     def refuse(status: int, reason: str, hook: str) -> JSONResponse:
         counters.add(f"refused_{status}")
@@ -72,12 +83,24 @@ def create_app(cfg: Config, ingest: Ingest) -> FastAPI:
             return uid, f"uid {uid} may not send hook reports"
         return uid, ""
 
-    @app.get("/v1/health")
+    @app.get("/v1/health", tags=["health"], response_model=None, openapi_extra=S.OPEN_EXTRA,
+             responses={200: {"model": S.Liveness, "description": "The agent answers."}})
     def health() -> dict:
         """Liveness: the agent answers."""
         return {"status": "ok"}
 
-    @app.post("/v1/hooks/{hook}")
+    refused = {code: {"model": S.HookRefusal, "description": why} for code, why in (
+        (400, "The report is not valid (error names the field)."),
+        (401, "A missing, bad, expired or replayed munge credential."),
+        (403, "The credential's uid may not send hook reports (hooks.allowed_uids)."),
+        (404, "No such hook."), (413, "The report is over the size limit."))}
+
+    @app.post("/v1/hooks/{hook}", tags=["hooks"], response_model=None, status_code=201,
+              openapi_extra=S.signed(S.HookReport),
+              responses={201: {"model": S.HookStored, "description": "Stored."},
+                         200: {"model": S.HookStored,
+                               "description": "Stored already (a spool replay)."},
+                         **refused, **S.errors(503)})
     async def hook_report(hook: str, request: Request) -> JSONResponse:
         """Store one report from recovery-prolog, -epilog or -healthcheck."""
         if hook not in HOOKS:

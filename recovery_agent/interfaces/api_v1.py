@@ -23,20 +23,24 @@ import socket
 import struct
 import time
 
-from fastapi import FastAPI, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI, HTTPException, Path, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from slurm_hooks import munge
 
+from . import api_schema as S
 from . import console
 from ..config import Config
 from .metrics import render as render_metrics
-from .service import Caller, Service, ServiceError, role_of
+from .service import STATUSES, Caller, Service, ServiceError, role_of
 from ..store import DatabaseError, Store
 
 __all__ = ["register", "local_peer_uid", "read_body"]
 MAX_BODY = 64 * 1024
+MAX_ID = 2 ** 63 - 1     # SQLite's largest row id: a larger one cannot be looked up
+CURSOR = ("The next_cursor of the previous page: rows older (with a lower id) than the "
+          "last one it showed.")
 
 
 def _proc_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int
@@ -180,7 +184,11 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
     console.register(app, service, readable)
 
     # -- health and metrics ----------------------------------------------------
-    @app.get("/healthz", tags=["health"])
+    @app.get("/healthz", tags=["health"], response_model=None, openapi_extra=S.OPEN_EXTRA,
+             responses={200: {"model": S.Readiness, "description": "Ready."},
+                        503: {"model": S.Readiness,
+                              "description": "Not ready: the store fails or the watch "
+                                             "loop has stopped."}})
     def healthz() -> JSONResponse:
         """Readiness: the store answers and the watch loop is alive (503 otherwise).
         Once any read found the store damaged, 503 until a restart (which refuses
@@ -201,7 +209,10 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
                              "watch_heartbeat_age_s": age, "watching": watching},
                             status_code=200 if ok else 503)
 
-    @app.get("/metrics", tags=["health"])
+    @app.get("/metrics", tags=["health"], response_class=PlainTextResponse,
+             openapi_extra=S.READ_EXTRA,
+             responses={200: {"description": "The Prometheus text exposition format."},
+                        **S.errors(401, 503)})
     def metrics(request: Request) -> Response:
         """Prometheus text format."""
         readable(request)
@@ -209,13 +220,20 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
         return Response(body, media_type=content_type)
 
     # -- jobs ------------------------------------------------------------------
-    @app.get("/v1/jobs", tags=["jobs"])
+    @app.get("/v1/jobs", tags=["jobs"], response_model=None, openapi_extra=S.READ_EXTRA,
+             responses=S.answers(S.JobList, 401, 503))
     def jobs(request: Request, state: str | None = None, user: str | None = None,
-             env: str | None = None, limit: int = Query(500, ge=1, le=10000)) -> dict:
-        """Tracked jobs, newest first (array tasks are jobs of their own)."""
-        return {"jobs": service.jobs(state, user, env, limit, who=readable(request))}
+             env: str | None = None, limit: int = Query(500, ge=1, le=10000),
+             cursor: int | None = Query(None, ge=1, le=MAX_ID, description=CURSOR)) -> dict:
+        """Tracked jobs, newest first (array tasks are jobs of their own), a page
+        of at most ``limit``; ``next_cursor`` asks for the next."""
+        rows = service.jobs(state, user, env, limit + 1, who=readable(request), before=cursor)
+        return {"jobs": rows[:limit], "next_cursor": _next(rows, limit)}
 
-    @app.get("/v1/jobs/{job_id}", tags=["jobs"])
+    @app.get("/v1/jobs/{job_id}", tags=["jobs"], response_model=None,
+             openapi_extra=S.READ_EXTRA, responses=S.answers(
+                 S.JobAnswer, 401, 403, 404, 503,
+                 description="The job; for a job array's id, its tasks."))
     def job(job_id: str, request: Request) -> dict:
         """One job: attempts, detections (with evidence lines) and recommendations;
         an array's id gives its tasks (a user's own tasks only)."""
@@ -226,85 +244,127 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
                 return {"array_job_id": int(job_id), "tasks": tasks}
         return service.job(job_id, who)
 
-    @app.get("/v1/jobs/{job_id}/timeline", tags=["jobs"])
+    @app.get("/v1/jobs/{job_id}/timeline", tags=["jobs"], response_model=None,
+             openapi_extra=S.READ_EXTRA, responses=S.answers(S.Timeline, 401, 403, 404, 503))
     def timeline(job_id: str, request: Request) -> dict:
         """The job's timeline: hook reports, detections, verdicts, decisions, steps."""
         return {"job": job_id, "events": service.timeline(job_id, readable(request))}
 
     # -- nodes -----------------------------------------------------------------
-    @app.get("/v1/nodes", tags=["nodes"])
+    @app.get("/v1/nodes", tags=["nodes"], response_model=None, openapi_extra=S.READ_EXTRA,
+             responses=S.answers(S.NodeList, 401, 503))
     def nodes(request: Request) -> dict:
-        """Nodes: suspect score, our drains, operator exclusions, last health report
-        (every reader sees them: they are the cluster's, as in sinfo)."""
-        readable(request)
-        return {"nodes": service.nodes()}
+        """Nodes: suspect score, health, our drains, operator exclusions, strikes,
+        last health report (every reader sees them: they are the cluster's, as in
+        sinfo; a user sees which job and user a strike came from for their own
+        jobs only)."""
+        return {"nodes": service.nodes(readable(request))}
 
-    @app.get("/v1/nodes/{name}", tags=["nodes"])
+    @app.get("/v1/nodes/{name}", tags=["nodes"], response_model=None,
+             openapi_extra=S.READ_EXTRA, responses=S.answers(S.Node, 401, 404, 503))
     def node(name: str, request: Request) -> dict:
         """One node with its strikes (a user sees which job and user each came from
         only for their own jobs)."""
         return service.node(name, readable(request))
 
-    @app.post("/v1/nodes/{name}/exclude", tags=["nodes"])
+    @app.post("/v1/nodes/{name}/exclude", tags=["nodes"], response_model=None,
+              openapi_extra=S.signed(S.ExcludeBody),
+              responses=S.answers(S.NodeExcluded, 400, 401, 403, 404, 413, 503))
     async def exclude(name: str, request: Request) -> dict:
-        """Exclude a node from every tracked job's retries (admin): one Slurm knows,
-        unless forced. Body: {"reason": "...", "force": false}"""
+        """Exclude a node from every tracked job's retries (admin), with a reason:
+        one Slurm knows, unless forced."""
         who, data = await caller(request)
-        return await run_in_threadpool(service.exclude, who, name,
-                                       str(data.get("reason") or ""), data.get("force") is True)
+        force = data.get("force", False)
+        if not isinstance(force, bool):
+            raise HTTPException(400, "force must be true or false")
+        return await run_in_threadpool(service.exclude, who, name, _text(data, "reason"), force)
 
-    @app.post("/v1/nodes/{name}/include", tags=["nodes"])
+    @app.post("/v1/nodes/{name}/include", tags=["nodes"], response_model=None,
+              openapi_extra=S.signed(S.SignedBody, required=False),
+              responses=S.answers(S.NodeExcluded, 400, 401, 403, 404, 413, 503))
     async def include(name: str, request: Request) -> dict:
         """Undo an operator exclusion (admin)."""
         who, _ = await caller(request)
         return service.include(who, name)
 
     # -- environments ----------------------------------------------------------
-    @app.get("/v1/environments", tags=["config"])
+    @app.get("/v1/environments", tags=["config"], response_model=None,
+             openapi_extra=S.READ_EXTRA, responses=S.answers(S.Environments, 401, 503))
     def environments(request: Request) -> dict:
         """Each environment's configured and effective mode."""
         readable(request)
         return {"environments": service.environments()}
 
-    @app.post("/v1/environments/{env}/mode", tags=["config"])
+    @app.post("/v1/environments/{env}/mode", tags=["config"], response_model=None,
+              openapi_extra=S.signed(S.ModeBody),
+              responses=S.answers(S.ModeChanged, 400, 401, 403, 404, 413, 503))
     async def set_mode(env: str, request: Request) -> dict:
-        """Switch an environment's mode at run time (admin). Body: {"mode": "action"}"""
+        """Switch an environment's mode at run time (admin)."""
         who, data = await caller(request)
-        return service.set_mode(who, env, str(data.get("mode") or ""))
+        return service.set_mode(who, env, _text(data, "mode"))
 
     # -- recommendations: the Advisor API ---------------------------------------
-    @app.get("/v1/recommendations", tags=["recommendations"])
-    def recommendations(request: Request, status: str | None = None, env: str | None = None,
+    @app.get("/v1/recommendations", tags=["recommendations"], response_model=None,
+             openapi_extra=S.READ_EXTRA,
+             responses=S.answers(S.RecommendationList, 400, 401, 404, 503))
+    def recommendations(request: Request,
+                        status: str | None = Query(None, json_schema_extra={"enum": STATUSES}),
+                        env: str | None = None,
                         mode: str | None = None, job: str | None = None,
-                        limit: int = Query(500, ge=1, le=10000)) -> dict:
-        """Recommendations, newest first. A site controller polls
-        ``?status=proposed&mode=external``, then acks, acts and completes (as an
-        admin). A user sees those about their own jobs."""
-        return {"recommendations": service.recommendations(status, env, mode, job, limit,
-                                                           who=readable(request))}
+                        limit: int = Query(500, ge=1, le=10000),
+                        cursor: int | None = Query(None, ge=1, le=MAX_ID, description=CURSOR)
+                        ) -> dict:
+        """Recommendations, newest first, a page of at most ``limit``. A site
+        controller polls ``?status=proposed&mode=external``, then acks, acts and
+        completes (as an admin). A user sees those about their own jobs."""
+        rows = service.recommendations(status, env, mode, job, limit + 1,
+                                       who=readable(request), before=cursor)
+        return {"recommendations": rows[:limit], "next_cursor": _next(rows, limit)}
 
-    @app.get("/v1/recommendations/{rec_id}", tags=["recommendations"])
-    def recommendation(rec_id: int, request: Request) -> dict:
+    @app.get("/v1/recommendations/{rec_id}", tags=["recommendations"], response_model=None,
+             openapi_extra=S.READ_EXTRA,
+             responses=S.answers(S.RecommendationDetail, 401, 403, 404, 503))
+    def recommendation(request: Request, rec_id: int = Path(ge=1, le=MAX_ID)) -> dict:
+        """One recommendation with its execution steps."""
         return service.recommendation(rec_id, readable(request))
 
-    @app.post("/v1/recommendations/{rec_id}/ack", tags=["recommendations"])
-    async def ack(rec_id: int, request: Request) -> dict:
+    @app.post("/v1/recommendations/{rec_id}/ack", tags=["recommendations"],
+              response_model=None, openapi_extra=S.signed(S.SignedBody, required=False),
+              responses=S.answers(S.Claimed, 400, 401, 403, 404, 409, 413, 503))
+    async def ack(request: Request, rec_id: int = Path(ge=1, le=MAX_ID)) -> dict:
         """Claim an external recommendation (admin: a site controller); the claim
         lasts api.claim_ttl."""
         who, _ = await caller(request)
         return service.ack(who, rec_id)
 
-    @app.post("/v1/recommendations/{rec_id}/complete", tags=["recommendations"])
-    async def complete(rec_id: int, request: Request) -> dict:
-        """Report the outcome of a claimed recommendation (admin).
-        Body: {"outcome": "done" | "failed", "detail": "..."}"""
+    @app.post("/v1/recommendations/{rec_id}/complete", tags=["recommendations"],
+              response_model=None, openapi_extra=S.signed(S.CompleteBody),
+              responses=S.answers(S.Ended, 400, 401, 403, 404, 409, 413, 503))
+    async def complete(request: Request, rec_id: int = Path(ge=1, le=MAX_ID)) -> dict:
+        """Report the outcome of a claimed recommendation (admin)."""
         who, data = await caller(request)
-        return service.complete(who, rec_id, str(data.get("outcome") or ""),
-                                str(data.get("detail") or ""))
+        return service.complete(who, rec_id, _text(data, "outcome"),
+                                _text(data, "detail"))
 
-    @app.post("/v1/recommendations/{rec_id}/cancel", tags=["recommendations"])
-    async def cancel(rec_id: int, request: Request) -> dict:
+    @app.post("/v1/recommendations/{rec_id}/cancel", tags=["recommendations"],
+              response_model=None, openapi_extra=S.signed(S.CancelBody, required=False),
+              responses=S.answers(S.Ended, 400, 401, 403, 404, 409, 413, 503))
+    async def cancel(request: Request, rec_id: int = Path(ge=1, le=MAX_ID)) -> dict:
         """Withdraw a recommendation that has not started on Slurm (admin; a job's
         owner may withdraw a job recommendation of their job, never a node's drain)."""
         who, data = await caller(request)
-        return service.cancel(who, rec_id, str(data.get("reason") or ""))
+        return service.cancel(who, rec_id, _text(data, "reason"))
+
+
+def _text(data: dict, key: str) -> str:
+    """A string field of a request body ("" when absent); 400 when not a string."""
+    value = data.get(key, "")
+    if not isinstance(value, str):
+        raise HTTPException(400, f"{key} must be a string")
+    return value
+
+
+def _next(rows: list[dict], limit: int) -> int | None:
+    """The cursor of the page after ``rows[:limit]``, of ``limit + 1`` rows asked
+    for: the last shown row's id while more follow, else None."""
+    return rows[limit - 1]["id"] if len(rows) > limit else None

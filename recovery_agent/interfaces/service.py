@@ -18,6 +18,7 @@ import grp
 import json
 import logging
 import pwd
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,15 @@ from ..store import Recommendation, Status, Store
 
 log = logging.getLogger(__name__)
 STATUSES = tuple(s.value for s in Status)
+# a node's stored columns, as every node reads (None where the store has no row)
+NODE_COLUMNS = ("name", "cluster", "drained_by_us", "drain_reason", "drained_at", "drain_rec",
+                "drain_slurm_reason", "drain_slurm_user", "drain_slurm_time",
+                "excluded_by_operator", "last_health", "updated")
+# a character that is not white space in Python's str.strip() nor in JSON Schema's
+# (ECMA) \s: a reason needs one (the API's schema states this very pattern)
+VISIBLE = r"[^\t\n\v\f\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
+# a node reads as suspect from this share of the lemon threshold (where it is drained)
+SUSPECT_SHARE = 0.25
 _JSON_KEYS = ("nodes", "target_nodes", "exclude", "pattern_ids", "evidence", "attribution",
               "data", "last_health")
 
@@ -130,22 +140,37 @@ class Service:
         return row
 
     def jobs(self, state: str | None = None, user: str | None = None,
-             env: str | None = None, limit: int = 500, who: Caller | None = None
-             ) -> list[dict]:
-        """Tracked jobs, newest first; a user (``who``) gets only their own."""
+             env: str | None = None, limit: int = 500, who: Caller | None = None,
+             before: int | None = None) -> list[dict]:
+        """Tracked jobs, newest first; a user (``who``) gets only their own.
+        ``before``: only jobs with a row id (``id``) below it, the next page."""
         if not sees_all(who):
             user = who.name
         rows = self.store.find_jobs(self.cfg.agent.cluster, state=state, user=user, env=env,
-                                    limit=limit)
+                                    limit=limit, before=before)
         for row in rows:
             # what the agent concluded (the latest verdict), else what it last saw
             row["last_detection"] = self.store.last_category(row["id"])
             recs = [r for r in self.store.recommendations(job_pk=row["id"])
                     if r.scope == "job"]
+            row["category"] = self.category(row["id"], recs)
             row["last_recommendation"] = (f"{recs[-1].action} {recs[-1].status}"
                                           if recs else None)
             row["effective_mode"] = self.effective_mode(row)
         return [decoded(r) for r in rows]
+
+    def category(self, job_pk: int, recs: list[Recommendation]) -> str | None:
+        """The category a job's summary names: that of the verdict that decided
+        its last job recommendation (what was done, and why), else of the
+        decision itself; only a job without one names its last detection's.
+        A later attempt that ended well (its verdict names no category) does
+        not hide why the job was recovered."""
+        if recs:
+            last = recs[-1]
+            found = (last.attribution or {}).get("category") or last.reason_category
+            if found:
+                return found
+        return self.store.last_detection_category(job_pk)
 
     def array(self, array_id: str, who: Caller | None = None) -> list[dict]:
         """The tasks of a job array (each tracked on its own), or [] when not an
@@ -180,10 +205,11 @@ class Service:
         row = self.job_row(job_id)
         may_read(who, row["user"], f"job {job_id}")
         row["effective_mode"] = self.effective_mode(row)
+        recs = self.store.recommendations(job_pk=row["id"])
+        row["category"] = self.category(row["id"], [r for r in recs if r.scope == "job"])
         return {"job": decoded(row), "attempts": self.store.attempts(row["id"]),
                 "detections": self.store.detections(row["id"]),
-                "recommendations": [r.to_dict() for r in
-                                    self.store.recommendations(job_pk=row["id"])]}
+                "recommendations": [r.to_dict() for r in recs]}
 
     def timeline(self, job_id: str, who: Caller | None = None) -> list[dict]:
         """The job's events with each recommendation step merged in, in time order."""
@@ -212,15 +238,17 @@ class Service:
     def scores(self) -> dict[str, float]:
         return Decider(self.cfg, self.store).scores(self.clock())
 
-    def nodes(self) -> list[dict]:
+    def nodes(self, who: Caller | None = None) -> list[dict]:
+        """Every node the store knows or a strike names, by name, each as
+        :meth:`node_view` shows it."""
         scores = self.scores()
-        rows = [decoded(r) for r in self.store.nodes()]
-        known = {r["name"] for r in rows}
-        rows += [{"name": n, "drained_by_us": 0, "excluded_by_operator": 0}
-                 for n in scores if n not in known]
-        for row in rows:
-            row["suspect_score"] = scores.get(row["name"], 0.0)
-        return sorted(rows, key=lambda r: r["name"])
+        rows = {r["name"]: r for r in self.store.nodes()}
+        strikes: dict[str, list[dict]] = {}
+        for strike in self.store.strikes():
+            strikes.setdefault(strike["node"], []).append(strike)
+        names = sorted({*rows, *scores, *strikes})
+        return [self.node_view(name, rows.get(name), strikes.get(name, []),
+                               scores.get(name, 0.0), who) for name in names]
 
     def node(self, name: str, who: Caller | None = None) -> dict:
         """A node with its strikes. Nodes are the cluster's, as in sinfo, so every
@@ -230,13 +258,66 @@ class Service:
         strikes = self.store.strikes(name)
         if row is None and not strikes:
             raise NotFound(f"node {name} is not known")
-        row = decoded(row or {"name": name})
-        row["suspect_score"] = self.scores().get(name, 0.0)
+        return self.node_view(name, row, strikes, self.scores().get(name, 0.0), who)
+
+    def node_view(self, name: str, row: dict | None, strikes: list[dict], score: float,
+                  who: Caller | None = None) -> dict:
+        """One node as every reader gets it (``show node``, ``show nodes``, the
+        API): the stored columns (None where the store has no row), the lemon
+        score, its strikes (a list; another user's job and user blanked for a
+        user) and ``health``/``health_detail``, what an operator reads."""
+        out: dict[str, Any] = {key: None for key in NODE_COLUMNS}
+        out.update(decoded(row or {}))
+        out.pop("strikes", None)      # the table's old count column, never kept up
+        out["name"] = name
+        out["cluster"] = out.get("cluster") or self.cfg.agent.cluster
+        out["drained_by_us"] = bool(out.get("drained_by_us"))
+        out["excluded_by_operator"] = bool(out.get("excluded_by_operator"))
+        out["suspect_score"] = float(score)
         if not sees_all(who):
             strikes = [s if (s["user"] or "") == who.name else {**s, "job": None, "user": None}
                        for s in strikes]
-        row["strikes"] = strikes
-        return row
+        out["strikes"] = list(strikes)
+        out["strike_count"] = len(strikes)
+        out["health"], out["health_detail"] = self.health(out)
+        return out
+
+    def suspect_at(self) -> float:
+        """The lemon score from which a node reads as suspect: a share
+        (SUSPECT_SHARE) of ``policy.lemon_threshold``, where it would be
+        drained (with the lemon check off, of its default)."""
+        threshold = self.cfg.policy.lemon_threshold or Config().policy.lemon_threshold
+        return threshold * SUSPECT_SHARE
+
+    def health(self, node: dict) -> tuple[str, str]:
+        """(health, what an operator reads) for a node as :meth:`node_view`
+        builds it: drained by us (and why: the XIDs of our drain's evidence
+        on it, else its category), excluded by an operator (and why), suspect
+        (its lemon score reaches :meth:`suspect_at`), else ok."""
+        if node["drained_by_us"]:
+            why = (self.drain_cause(node["name"], node.get("drain_rec"))
+                   or str(node.get("drain_reason") or "").removeprefix("recovery:").strip())
+            return "drained", "drained by recovery" + (f" ({why})" if why else "")
+        if node["excluded_by_operator"]:
+            reason = (self.store.last_exclusion(node["name"]) or {}).get("reason")
+            return "excluded", "excluded by operator" + (f" ({reason})" if reason else "")
+        score = node["suspect_score"]
+        if score > 0 and score >= self.suspect_at():
+            return "suspect", f"suspect (score {round(score, 2):g})"
+        return "ok", "ok"
+
+    def drain_cause(self, name: str, rec_id: int | None) -> str:
+        """Why we drained ``name``, from our drain recommendation: ``xid 79``
+        when its evidence names XIDs on that node, else its category."""
+        if not rec_id or not self.store.has_rec(rec_id):
+            return ""
+        rec = self.store.rec(rec_id)
+        evidence = rec.evidence if isinstance(rec.evidence, list) else []
+        xids = sorted({e["xid"] for e in evidence if isinstance(e, dict) and e.get("xid")
+                       and e.get("node") in (name, None)})
+        if xids:
+            return "xid " + ", ".join(map(str, xids))
+        return rec.reason_category or (rec.attribution or {}).get("category") or ""
 
     def environments(self) -> dict[str, dict]:
         overrides = mode_overrides(self.store)
@@ -246,24 +327,27 @@ class Service:
 
     def recs(self, status: str | None = None, env: str | None = None,
              mode: str | None = None, job: str | None = None,
-             limit: int = 500, who: Caller | None = None) -> list[Recommendation]:
+             limit: int = 500, who: Caller | None = None,
+             before: int | None = None) -> list[Recommendation]:
         """Newest first; a user (``who``) gets those of their own jobs (with the
-        drains those jobs' failures led to)."""
+        drains those jobs' failures led to). ``before``: only those with an id
+        below it, the next page."""
         self.expire_claims()
         if status and status not in STATUSES:
             raise BadRequest(f"status must be one of {', '.join(STATUSES)}")
         job_pk = self.job_row(job)["id"] if job else None
         rows = self.store.recommendations(status, job_pk=job_pk)
         rows = [r for r in rows if (not env or r.env == env)
-                and (not mode or r.mode == mode)
+                and (not mode or r.mode == mode) and (before is None or r.id < before)
                 and (sees_all(who) or (r.user or "") == who.name)]
         return rows[::-1][:limit]
 
     def recommendations(self, status: str | None = None, env: str | None = None,
                         mode: str | None = None, job: str | None = None,
-                        limit: int = 500, who: Caller | None = None) -> list[dict]:
+                        limit: int = 500, who: Caller | None = None,
+                        before: int | None = None) -> list[dict]:
         """:meth:`recs` as the API shows them."""
-        return [r.to_dict() for r in self.recs(status, env, mode, job, limit, who)]
+        return [r.to_dict() for r in self.recs(status, env, mode, job, limit, who, before)]
 
     def _rec(self, rec_id: int, who: Caller | None = None) -> Recommendation:
         if not self.store.has_rec(rec_id):
@@ -374,7 +458,7 @@ class Service:
 
     def exclude(self, who: Caller, name: str, reason: str, force: bool = False) -> dict:
         self._admin(who, "exclude nodes")
-        if not reason.strip():
+        if not re.search(VISIBLE, reason):
             raise BadRequest("a reason is required")
         forced = self._unchecked(name, force)
         with self.store.transaction():

@@ -175,14 +175,20 @@ class JobQueries:
         self.db["jobs"].update(job_pk, {"submit_time": submit_time})
 
     def find_jobs(self, cluster: str, state: str | None = None, user: str | None = None,
-                  env: str | None = None, limit: int = 500) -> list[dict]:
+                  env: str | None = None, limit: int = 500,
+                  before: int | None = None) -> list[dict]:
         """The cluster's jobs, newest (highest row id) first, filtered by
-        whichever of state, user and env are given, at most ``limit``."""
+        whichever of state, user and env are given, at most ``limit``;
+        ``before``: only rows with an id below it (the next page of a list
+        that ended at that id)."""
         where, args = ["cluster = ?"], [cluster]
         for key, value in (("state", state), ("user", user), ("env", env)):
             if value:
                 where.append(f'"{key}" = ?')
                 args.append(value)
+        if before is not None:
+            where.append("id < ?")
+            args.append(before)
         return list(self.db["jobs"].rows_where(" and ".join(where), args,
                                                order_by="id desc", limit=limit))
 
@@ -204,6 +210,12 @@ class JobQueries:
                 "job = ?", [job_pk], order_by="id desc", limit=1))
             category = last[0]["category"] if last else None
         return category
+
+    def last_detection_category(self, job_pk: int) -> str | None:
+        """The category of a job's latest detection (None when it has none)."""
+        last = list(self.db["detections"].rows_where(
+            "job = ?", [job_pk], select="category", order_by="id desc", limit=1))
+        return last[0]["category"] if last else None
 
 
 def same_job(row: Mapping[str, Any], job: Job) -> bool:

@@ -4,6 +4,7 @@ operator's exclusions), and the node hooks' reports with their XIDs
 evidence has its own queries in :mod:`.reports`."""
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Mapping
 
@@ -37,6 +38,15 @@ class NodeQueries:
 
     def set_node(self, name: str, **values: Any) -> None:
         self.db["nodes"].upsert({"name": name, **values, "updated": time.time()}, pk="name")
+
+    def last_exclusion(self, name: str) -> dict | None:
+        """The data of the latest operator exclusion of ``name`` (the API's
+        ``api_exclude`` timeline line: uid, user, reason), or None."""
+        rows = list(self.db["events"].rows_where(
+            "job is null and kind = 'api_exclude' and json_valid(data) "
+            "and json_extract(data, '$.node') = ?",
+            [name], select="data", order_by="id desc", limit=1))
+        return json.loads(rows[0]["data"]) if rows else None
 
     # -- nodes -----------------------------------------------------------------
     def nodes(self) -> list[dict]:

@@ -166,6 +166,13 @@ class SlurmNodes:
         return [Node(name=n, state="IDLE") for n in self.names]
 
 
+@pytest.fixture(autouse=True)
+def slurm_has_nodes_1_to_9(monkeypatch):
+    """exclude asks Slurm which nodes exist; here, a Slurm of node1..node9."""
+    monkeypatch.setattr("recovery_agent.interfaces.service.scheduler_for",
+                        lambda cfg: SlurmNodes(*(f"node{i}" for i in range(1, 10))))
+
+
 def test_exclude_and_include_a_node(tmp_path, monkeypatch):
     monkeypatch.setattr("recovery_agent.interfaces.service.scheduler_for",
                         lambda cfg: SlurmNodes("node3"))
@@ -258,3 +265,54 @@ def test_signed_reads_show_users_only_their_own_jobs(tmp_path, monkeypatch):
     root = {"Authorization": "Munge cred-root"}
     assert len(client.get("/v1/jobs", headers=root).json()["jobs"]) == 2
     assert client.get("/v1/jobs/43", headers=root).status_code == 200
+
+
+def test_lists_page_by_cursor(tmp_path):
+    _, store, client = make(tmp_path)
+    pks = [add_job(store, str(n)) for n in range(1, 6)]
+    first = client.get("/v1/jobs", params={"limit": 2}).json()
+    assert [j["id"] for j in first["jobs"]] == [pks[4], pks[3]]
+    assert first["next_cursor"] == pks[3]
+    second = client.get("/v1/jobs", params={"limit": 2, "cursor": first["next_cursor"]}).json()
+    assert [j["id"] for j in second["jobs"]] == [pks[2], pks[1]]
+    last = client.get("/v1/jobs", params={"limit": 2, "cursor": second["next_cursor"]}).json()
+    assert [j["id"] for j in last["jobs"]] == [pks[0]] and last["next_cursor"] is None
+    assert client.get("/v1/jobs", params={"limit": 5}).json()["next_cursor"] is None
+
+    recs = [add_rec(store, pk, job_id=str(n)) for n, pk in enumerate(pks, 1)]
+    page = client.get("/v1/recommendations", params={"limit": 3}).json()
+    assert [r["id"] for r in page["recommendations"]] == recs[:1:-1]
+    assert page["next_cursor"] == recs[2]
+    rest = client.get("/v1/recommendations", params={"cursor": page["next_cursor"]}).json()
+    assert [r["id"] for r in rest["recommendations"]] == [recs[1], recs[0]]
+    assert rest["next_cursor"] is None
+
+
+def test_a_recommendation_id_past_sqlites_range_is_422_not_500(tmp_path):
+    _, _, client = make(tmp_path)
+    assert client.get("/v1/recommendations/9223372036854775808").status_code == 422
+    assert post(client, "/v1/recommendations/9223372036854775808/ack", ADMIN
+                ).status_code == 422
+    assert client.get("/v1/recommendations/9223372036854775807").status_code == 404
+
+
+def test_body_fields_of_the_wrong_type_are_400(tmp_path):
+    _, _, client = make(tmp_path)
+    answer = post(client, "/v1/nodes/node3/exclude", ADMIN, {"reason": ["flaky"]})
+    assert answer.status_code == 400 and answer.json() == {"detail": "reason must be a string"}
+    assert post(client, "/v1/nodes/node3/exclude", ADMIN, {"reason": "\ufeff "}
+                ).status_code == 400
+    assert post(client, "/v1/environments/act/mode", ADMIN, {"mode": 1}).status_code == 400
+
+
+def test_nodes_in_the_api_have_one_shape(tmp_path):
+    _, store, client = make(tmp_path)
+    store.add_strike("node4", "gpu_hardware", 1.0, None, OWNER_NAME, ts=time.time())
+    post(client, "/v1/nodes/node3/exclude", ADMIN, {"reason": "flaky IB"})
+    listed = {n["name"]: n for n in client.get("/v1/nodes").json()["nodes"]}
+    for name in ("node3", "node4"):
+        assert client.get(f"/v1/nodes/{name}").json() == listed[name]
+    assert listed["node3"]["health_detail"] == "excluded by operator (flaky IB)"
+    assert listed["node4"]["health_detail"] == "suspect (score 1)"
+    assert listed["node4"]["cluster"] == listed["node3"]["cluster"] == "c1"
+    assert listed["node4"]["strikes"][0]["category"] == "gpu_hardware"

@@ -255,3 +255,38 @@ def test_figures(store):
     assert got["latencies"] == [(3.0, 2.0)]
     assert (got["tracked"], got["drained"], got["excluded"], got["replays"]) == (1, 1, 1, 1)
     assert sorted(got["reports"]) == [("epilog", 1), ("prolog", 1)]
+
+
+def test_find_jobs_before_pages_by_row_id(store):
+    pks = [store.record_job(job(str(n)), "c1") for n in range(1, 6)]
+    assert [r["id"] for r in store.find_jobs("c1", limit=2)] == [pks[4], pks[3]]
+    assert [r["id"] for r in store.find_jobs("c1", limit=2, before=pks[3])] == \
+        [pks[2], pks[1]]
+    assert [r["id"] for r in store.find_jobs("c1", before=pks[1])] == [pks[0]]
+    assert store.find_jobs("c1", before=pks[0]) == []
+
+
+def test_last_detection_category_ignores_verdicts(store):
+    pk = store.record_job(job(), "c1")
+    assert store.last_detection_category(pk) is None
+
+    class Det:
+        rule, severity, host, gpu, rank, evidence = "r", "error", "n1", None, None, ()
+        detail = action_hint = pci = xid = None
+
+    for category in ("gpu_hardware", "application"):
+        det = Det()
+        det.category = category
+        store.record_detection(pk, 0, det, ts=1.0)
+    store.add_event(pk, "verdict", "v", attempt=0, data={"category": "gpu_hardware"})
+    assert store.last_detection_category(pk) == "application"
+
+
+def test_last_exclusion_is_the_latest_for_that_node(store):
+    assert store.last_exclusion("n1") is None
+    store.add_event(None, "api_exclude", "m", data={"node": "n1", "reason": "old"})
+    store.add_event(None, "api_exclude", "m", data={"node": "n2", "reason": "other"})
+    store.add_event(None, "api_exclude", "m", data={"node": "n1", "reason": "flaky IB"})
+    store.add_event(None, "api_include", "m", data={"node": "n1"})
+    assert store.last_exclusion("n1")["reason"] == "flaky IB"
+    assert store.last_exclusion("n2")["reason"] == "other"
