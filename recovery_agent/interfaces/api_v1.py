@@ -30,7 +30,7 @@ from slurm_hooks import munge
 
 from . import console
 from ..config import Config
-from .metrics import render as render_metrics
+from .metrics import CONTENT_TYPE_LATEST, render as render_metrics
 from .service import Caller, Service, ServiceError, role_of
 from ..store import DatabaseError, Store
 
@@ -204,8 +204,19 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
     def metrics(request: Request) -> Response:
         """Prometheus text format."""
         readable(request)
-        body, content_type = render_metrics(store, counters)
+        body, content_type = render_metrics(store, counters, cfg)
         return Response(body, media_type=content_type)
+
+    # HEAD (a load balancer's or a probe's check): GET's status, no body; left out
+    # of the OpenAPI document, which describes the GETs
+    @app.head("/healthz", include_in_schema=False)
+    def healthz_head() -> Response:
+        return Response(status_code=healthz().status_code)
+
+    @app.head("/metrics", include_in_schema=False)
+    def metrics_head(request: Request) -> Response:
+        readable(request)
+        return Response(status_code=200, media_type=CONTENT_TYPE_LATEST)
 
     # -- jobs ------------------------------------------------------------------
     @app.get("/v1/jobs", tags=["jobs"])
