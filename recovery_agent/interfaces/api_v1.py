@@ -30,7 +30,7 @@ from slurm_hooks import munge
 
 from . import console
 from ..config import Config
-from .metrics import CONTENT_TYPE_LATEST, render as render_metrics
+from .metrics import render as render_metrics
 from .service import Caller, Service, ServiceError, role_of
 from ..store import DatabaseError, Store
 
@@ -215,8 +215,8 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
 
     @app.head("/metrics", include_in_schema=False)
     def metrics_head(request: Request) -> Response:
-        readable(request)
-        return Response(status_code=200, media_type=CONTENT_TYPE_LATEST)
+        answer = metrics(request)   # the same checks and reads (a damaged store: 503)
+        return Response(status_code=answer.status_code, media_type=answer.media_type)
 
     # -- jobs ------------------------------------------------------------------
     @app.get("/v1/jobs", tags=["jobs"])

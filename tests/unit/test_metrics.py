@@ -238,3 +238,16 @@ def test_watch_loop_health_and_store_errors(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert watcher.run_once() is True
     assert value(samples(client), "slurm_recovery_watch_failing") == 0.0
+
+
+def test_head_metrics_answers_as_get_when_the_store_fails(tmp_path, monkeypatch):
+    _, store, client = make(tmp_path)
+    answer = client.head("/metrics")
+    assert answer.headers["content-type"].startswith("text/plain")
+
+    def damaged(*args):
+        raise sqlite3.DatabaseError("database disk image is malformed")
+    monkeypatch.setattr(store, "figures", damaged)
+    assert client.get("/metrics").status_code == 503
+    answer = client.head("/metrics")
+    assert answer.status_code == 503 and answer.content == b""
