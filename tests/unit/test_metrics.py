@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from recovery_agent.config import from_mapping
+from recovery_agent.detect.model import Detection
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
 from recovery_agent.errors import SchedulerError
@@ -155,7 +156,6 @@ def test_node_report_xids_count_as_gpu_hardware_detections(tmp_path):
 
 def test_log_detections_and_xids_add_up_in_one_category(tmp_path):
     _, store, client = make(tmp_path)
-    from recovery_agent.detect.model import Detection
     with store.lock:
         store.record_detection(None, None, Detection(rule="kernel.xid", category="gpu_hardware",
                                                      severity="error"))
