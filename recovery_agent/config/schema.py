@@ -56,7 +56,7 @@ class AgentConfig:
     log_max_backlog_mb: int = _doc(
         "A job output file more than this many MiB ahead of the agent (a flood of "
         "output) is skipped to its last log_keep_mb MiB, from a line start, and the skip "
-        "goes on the job's timeline and into recovery_log_bytes_skipped_total. 0 never "
+        "goes on the job's timeline and into slurm_recovery_log_bytes_skipped_total. 0 never "
         "skips (a flood then delays detection for as long as it takes to read).",
         default=16)
     log_keep_mb: int = _doc("How much of the end of a skipped file is read (MiB, below "

@@ -216,8 +216,19 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
     def metrics(request: Request) -> Response:
         """Prometheus text format."""
         readable(request)
-        body, content_type = render_metrics(store, counters)
+        body, content_type = render_metrics(store, counters, cfg)
         return Response(body, media_type=content_type)
+
+    # HEAD (a load balancer's or a probe's check): GET's status, no body; left out
+    # of the OpenAPI document, which describes the GETs
+    @app.head("/healthz", include_in_schema=False)
+    def healthz_head() -> Response:
+        return Response(status_code=healthz().status_code)
+
+    @app.head("/metrics", include_in_schema=False)
+    def metrics_head(request: Request) -> Response:
+        answer = metrics(request)   # the same checks and reads (a damaged store: 503)
+        return Response(status_code=answer.status_code, media_type=answer.media_type)
 
     # -- jobs ------------------------------------------------------------------
     @app.get("/v1/jobs", tags=["jobs"], response_model=None, openapi_extra=S.READ_EXTRA,

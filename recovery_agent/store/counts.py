@@ -19,7 +19,10 @@ class CountQueries:
         ``latencies`` [(detection latency, action latency)] of job
         recommendations, ``tracked`` (jobs in none of the ``finished`` states
         nor GONE), ``drained`` and ``excluded`` nodes, ``reports`` [(hook, n)]
-        and ``replays`` (reports received over 5 s after they were made)."""
+        and ``replays`` (reports received over 5 s after they were made),
+        ``xids`` [(kind, code, n)] (the XIDs and SXids of node reports) and
+        ``blocked`` (recommendations blocked by the drain budget; the status is
+        final from the start, so the count only grows)."""
         db = self.db
         states = ", ".join(f"'{s}'" for s in sorted(finished))
         with self.lock:
@@ -41,4 +44,8 @@ class CountQueries:
                     "select hook, count(*) from node_reports group by hook")),
                 "replays": db.execute("select count(*) from node_reports where "
                                       "received - created > 5").fetchone()[0],
+                "xids": list(db.execute(
+                    "select kind, xid, count(*) from xids group by kind, xid")),
+                "blocked": db.execute("select count(*) from recommendations where "
+                                      "status = 'blocked_by_budget'").fetchone()[0],
             }

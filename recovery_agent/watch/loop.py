@@ -254,6 +254,8 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
                 log.exception("watch cycle crashed; carrying on")
             health.update(error=f"{type(exc).__name__}: {exc}"[:500], error_at=self.clock(),
                           errors=health.get("errors", 0) + 1)
+            if isinstance(exc, STORE_ERRORS):   # counted apart: /metrics' store errors
+                health["store_errors"] = health.get("store_errors", 0) + 1
             return False
         if health.get("error"):
             log.info("watch cycle healthy again after: %s", health["error"])

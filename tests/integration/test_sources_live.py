@@ -229,4 +229,4 @@ def test_check_sources_passes_live_and_fails_for_a_dead_url(sources_agent, prome
     with urllib.request.urlopen(f"http://127.0.0.1:{sources_agent.port}/metrics",
                                 timeout=5) as resp:
         text = resp.read().decode()
-    assert 'recovery_source_up{source="prometheus"} 1.0' in text
+    assert 'slurm_recovery_source_up{source="prometheus"} 1.0' in text

@@ -203,10 +203,10 @@ def test_metrics_are_prometheus_text(tmp_path):
     with store.lock:
         store.update_rec(rec, failure_at=100.0, detected_at=101.5, done_at=102.0)
     text = client.get("/metrics").text
-    assert 'recovery_recommendations{action="requeue_exclude",status="done"} 1.0' in text
-    assert 'recovery_detection_latency_seconds_bucket{le="2.0"} 1.0' in text
-    assert "recovery_action_latency_seconds_count 1.0" in text
-    assert "recovery_tracked_jobs 0.0" in text
+    assert 'slurm_recovery_recommendations{action="requeue_exclude",status="done"} 1.0' in text
+    assert 'slurm_recovery_detection_latency_seconds_bucket{le="2.0"} 1.0' in text
+    assert "slurm_recovery_action_latency_seconds_count 1.0" in text
+    assert "slurm_recovery_tracked_jobs 0.0" in text
 
 
 def test_healthz_is_red_without_a_watch_heartbeat(tmp_path):

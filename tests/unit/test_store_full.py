@@ -69,8 +69,8 @@ def check_full_disk(tmp_path, store, cfg) -> None:
     assert health.status_code == 503
     assert health.json()["store"] == "failing" and "full" in health.json()["last_error"]
     metrics = client.get("/metrics").text
-    assert "recovery_store_failing 1.0" in metrics
-    assert "recovery_watch_errors_total 1.0" in metrics
+    assert "slurm_recovery_store_failing 1.0" in metrics
+    assert "slurm_recovery_watch_errors_total 1.0" in metrics
     assert store.db["recommendations"].count == 0           # nothing done unrecorded
 
     (tmp_path / "small" / "filler").unlink()                # space returns

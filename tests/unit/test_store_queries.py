@@ -247,12 +247,19 @@ def test_figures(store):
     rec(store, scope="node", action="drain_node", detected_at=10.0)
     store.set_node("n1", drained_by_us=1)
     store.set_node("n2", excluded_by_operator=1)
-    store.add_report(report(received=100.0, created=90.0))   # replayed: 10 s late
+    rec(store, scope="node", action="drain_node", status="blocked_by_budget")
+    late = store.add_report(report(received=100.0, created=90.0))   # replayed: 10 s late
     store.add_report(report(received=200.0, hook="prolog"))
+    store.add_xid(xid(late, pk, 0, raw="a"))
+    store.add_xid(xid(late, pk, 0, raw="b"))
+    store.add_xid(xid(late, None, None, raw="c", kind="sxid", xid=12028))
     got = store.figures(FINISHED_STATES)
     assert got["detections"] == []
-    assert sorted(got["recs"]) == [("drain_node", "proposed", 1), ("requeue", "done", 1)]
+    assert sorted(got["recs"]) == [("drain_node", "blocked_by_budget", 1),
+                                   ("drain_node", "proposed", 1), ("requeue", "done", 1)]
     assert got["latencies"] == [(3.0, 2.0)]
+    assert sorted(got["xids"]) == [("sxid", 12028, 1), ("xid", 79, 2)]
+    assert got["blocked"] == 1
     assert (got["tracked"], got["drained"], got["excluded"], got["replays"]) == (1, 1, 1, 1)
     assert sorted(got["reports"]) == [("epilog", 1), ("prolog", 1)]
 

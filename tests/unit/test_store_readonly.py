@@ -90,10 +90,10 @@ def test_read_only_store_waits_in_memory_then_catches_up(tmp_path, rig):
     assert health.status_code == 503 and health.json()["store"] == "failing"
     assert "I/O error" in health.json()["last_error"]
     metrics = client.get("/metrics").text
-    assert "recovery_store_failing 1.0" in metrics
+    assert "slurm_recovery_store_failing 1.0" in metrics
     assert store.db["recommendations"].count == 0          # nothing decided unrecorded
     assert store.health["pending_verdicts"] == 2            # held in memory meanwhile
-    assert "recovery_pending_verdicts 2.0" in metrics
+    assert "slurm_recovery_pending_verdicts 2.0" in metrics
 
     remount(disk, "rw")
     assert watcher.run_once() is True
@@ -115,7 +115,7 @@ def test_pending_verdicts_are_bounded_and_drops_are_counted(tmp_path, rig, monke
     assert store.health["pending_verdicts"] == 2
     assert store.health["dropped_verdicts"] == 2
     assert "dropped 2 pending verdict(s)" in caplog.text
-    assert "recovery_verdicts_dropped_total 2.0" in client.get("/metrics").text
+    assert "slurm_recovery_verdicts_dropped_total 2.0" in client.get("/metrics").text
     remount(disk, "rw")
     assert watcher.run_once() is True
     # the two kept are judged and stored; the dropped two were never acted on

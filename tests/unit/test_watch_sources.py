@@ -166,8 +166,8 @@ def test_a_dead_source_degrades_with_one_log_line_and_a_metric(tmp_path, caplog)
                 and "source prometheus" in r.getMessage()]
     assert len(warnings) == 1 and "carrying on without it" in warnings[0].getMessage()
     text = render(store)[0].decode()
-    assert 'recovery_source_up{source="prometheus"} 0.0' in text
-    assert 'recovery_source_errors_total{kind="unavailable",source="prometheus"} 2.0' in text
+    assert 'slurm_recovery_source_up{source="prometheus"} 0.0' in text
+    assert 'slurm_recovery_source_errors_total{kind="unavailable",source="prometheus"} 2.0' in text
     # its verdict waits for the epilog grace only: nothing would come from a dead source
     sched.jobs = [job("FAILED", out, exit_code=1, end_time=int(clock[0]))]
     watcher.cycle()
@@ -182,9 +182,9 @@ def test_metrics_show_each_configured_source_as_up_before_any_query(tmp_path, se
     watcher, store, _ = make(tmp_path, clock, {"prometheus_url": server.url,
                                                "loki_url": server.url})
     text = render(store)[0].decode()
-    assert 'recovery_source_up{source="prometheus"} 1.0' in text
-    assert 'recovery_source_up{source="loki"} 1.0' in text
-    assert "recovery_source_errors_total{" not in text
+    assert 'slurm_recovery_source_up{source="prometheus"} 1.0' in text
+    assert 'slurm_recovery_source_up{source="loki"} 1.0' in text
+    assert "slurm_recovery_source_errors_total{" not in text
 
 
 def test_log_store_lines_are_scanned_per_stream_with_their_host_and_time(tmp_path, server):
