@@ -79,7 +79,7 @@ def make(tmp_path, **api):
     store.add_step(rec, "requeue_hold", "ok", "restart 0 -> 1", ts=1004.0)
     again = Job(job_id="4410", numeric_id=4410, submit_time=1010, user="ana", name="llm<x>",
                 state="RUNNING", nodes=("node3", "node4"), restart_count=1, start_time=1010,
-                stdout="/home/ana/slurm-4410.out")
+                end_time=99_999_999, stdout="/home/ana/slurm-4410.out")  # Slurm's estimate
     with store.lock:
         store.record_job(again, "c1", env="prod", mode="", spec="prod")
         store.record_attempt(pk, again)
@@ -251,6 +251,8 @@ def test_the_job_page_shows_each_attempts_output_files_and_next_commands(tmp_pat
     assert "href='file:///home/ana/slurm-4410.out'" in rows["0"]
     assert ">/home/ana/slurm-4410.err</a>" in rows["0"]
     assert ">/home/ana/slurm-4410.out</a>" in rows["1"] and ".err" not in rows["1"]
+    ended = [re.findall(r"<td>([^<]*)</td>", rows[n])[2] for n in "01"]
+    assert ended == ["-", "-"]      # attempt 0 has no end recorded, attempt 1 runs still
     commands = re.findall(r"<code class='copyable'>(.*?)</code>", text)
     assert commands == ["recovery-ctl show job 4410", "recovery-ctl audit --job 4410",
                         "recovery-ctl cancel 1 --reason &#34;...&#34;",

@@ -22,6 +22,8 @@ REFRESH_MS = 5000
 PAGE = 100          # jobs per page of the list, unless ?limit= says otherwise
 MAX_PAGE = 500
 FILTERS = ("state", "env", "user", "node", "category", "q")
+LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+        "REQUEUE_HOLD", "RESIZING", "STAGE_OUT", "SIGNALING"}
 BAD = {"FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL"}
 STATUS_TAGS = {"done": "ok", "failed": "bad", "blocked_by_budget": "bad", "expired": "warn",
                "released_by_watchdog": "warn", "would_have": "", "cancelled": ""}
@@ -36,6 +38,12 @@ def when(ts: float | None, ms: bool = False) -> str:
     return f"{text}.{int(ts % 1 * 1000):03d}" if ms else text
 
 
+def finished(state: str | None) -> bool:
+    """Has an attempt in this state ended? (A running one's end time is
+    Slurm's estimate from its time limit, not an end.)"""
+    return bool(state) and state not in LIVE
+
+
 def state_tag(state: str | None) -> str:
     return "bad" if state in BAD else ("ok" if state in ("RUNNING", "COMPLETED") else "")
 
@@ -44,7 +52,7 @@ def _environment() -> Environment:
     env = Environment(loader=PackageLoader("recovery_agent.interfaces.console", "templates"),
                       autoescape=True, trim_blocks=True,
                       lstrip_blocks=True)
-    env.filters.update(when=when, state_tag=state_tag,
+    env.filters.update(when=when, state_tag=state_tag, finished=finished,
                        status_tag=lambda s: STATUS_TAGS.get(str(s), "warn"))
     env.globals.update(refresh_ms=REFRESH_MS, lanes=timeline.LANES)
     return env
