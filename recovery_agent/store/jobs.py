@@ -235,20 +235,24 @@ class JobQueries:
             f"select j.*, {_CATEGORY} as category from jobs j where {' and '.join(where)} "
             "order by j.id desc limit ?", [*args, limit]))
 
-    def job_facets(self, cluster: str) -> dict[str, list[str]]:
+    def job_facets(self, cluster: str, user: str | None = None) -> dict[str, list[str]]:
         """The values the Console's job filters offer: the states, environments
-        and users of the cluster's jobs, and the categories of detections and
-        job recommendations, each sorted."""
+        and users of the cluster's jobs (of ``user``'s only, when given), and
+        the categories of their detections and job recommendations, each sorted."""
+        mine = ' and j."user" = ?2' if user is not None else ""
+
         def values(sql: str) -> list[str]:
-            return sorted(r[0] for r in self.db.execute(sql, [cluster]).fetchall() if r[0])
+            args = [cluster] if user is None else [cluster, user]
+            return sorted(r[0] for r in self.db.execute(sql, args).fetchall() if r[0])
         return {
-            "state": values("select distinct state from jobs where cluster = ?"),
-            "env": values("select distinct env from jobs where cluster = ?"),
-            "user": values('select distinct "user" from jobs where cluster = ?'),
+            "state": values(f"select distinct state from jobs j where cluster = ?1{mine}"),
+            "env": values(f"select distinct env from jobs j where cluster = ?1{mine}"),
+            "user": values(f'select distinct "user" from jobs j where cluster = ?1{mine}'),
             "category": values(
                 "select category from detections d join jobs j on j.id = d.job "
-                "where j.cluster = ?1 union select reason_category from recommendations r "
-                "join jobs j on j.id = r.job where j.cluster = ?1 and r.scope = 'job'"),
+                f"where j.cluster = ?1{mine} union select reason_category from "
+                "recommendations r join jobs j on j.id = r.job where j.cluster = ?1 "
+                f"and r.scope = 'job'{mine}"),
         }
 
     def array_tasks(self, cluster: str, array_job_id: int) -> list[dict]:

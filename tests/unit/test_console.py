@@ -190,8 +190,13 @@ def test_a_user_lists_only_their_own_jobs_whatever_the_filters_say(tmp_path):
     assert job_links(view.jobs_part(ANA, {"user": "bob"})) == ["4410"]
     assert job_links(view.jobs_part(BOB, {"node": "node2"})) == ["5001"]
     assert job_links(view.jobs_part(ADMIN, {"user": "bob"})) == ["5001"]
+    with store.lock:
+        store.record_job(Job(job_id="5003", numeric_id=5003, submit_time=3, user="ana",
+                             state="BOOT_FAIL"), "c1", env="secret-env")
     mine = view.overview(BOB)
     assert "name=\"user\"" not in mine and ">ana<" not in mine   # no other users offered
+    assert "secret-env" not in mine and "BOOT_FAIL" not in mine   # nor their values
+    assert "secret-env" in view.overview(ADMIN)
     assert "4410" not in mine[mine.index("id='jobs'"):mine.index("id='nodes'")]
 
 
@@ -355,6 +360,7 @@ def test_the_node_page_hides_other_users_jobs_and_users(tmp_path):
     assert "5001" not in text and "bob" not in text
     assert set(job_links(text)) == {"4410"}
     assert text.count("another user's job") == 2        # bob's XID and bob's drain
+    assert "NVRM: Xid 48" not in text and ">DBE<" in text   # his XID's kernel line hidden
     assert "and 1 attempt of other users' jobs" in text
     assert "recovery-ctl include" not in text and "recovery-ctl exclude" not in text
     theirs = view.node_page("node2", BOB)

@@ -307,6 +307,10 @@ def test_search_jobs_filters_by_node_category_text_and_pages(store):
     assert store.job_facets("c1") == {"state": ["FAILED", "RUNNING"], "env": ["dev", "prod"],
                                       "user": ["ana", "bob", "cat"],
                                       "category": ["gpu_hardware", "nccl"]}
+    assert store.job_facets("c1", user="bob") == {"state": ["RUNNING"], "env": ["dev"],
+                                                  "user": ["bob"], "category": ["nccl"]}
+    assert store.job_facets("c1", user="zed") == {"state": [], "env": [], "user": [],
+                                                  "category": []}
 
 
 def test_a_detected_event_names_its_own_detection(store):

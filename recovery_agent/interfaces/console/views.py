@@ -214,7 +214,8 @@ class Console:
 
     def overview(self, who: Caller | None = None, args: dict | None = None) -> str:
         args = args or {}
-        facets = self.service.store.job_facets(self.cluster)
+        facets = self.service.store.job_facets(
+            self.cluster, user=None if sees_all(who) else who.name)
         if not sees_all(who):
             facets["user"] = []      # a user's list is their own: nothing to choose
         nodes = self.service.nodes()
@@ -255,7 +256,9 @@ class Console:
         who and why, and the jobs that ran there (a user's own, and a count of
         the others)."""
         store = self.service.store
-        xids = [_masked(x, who) for x in store.node_xids(name)]
+        # another user's XID keeps its number and message, not its kernel line
+        # (which names their process) nor their job
+        xids = [_masked(x, who, job_keys=("job_id", "raw")) for x in store.node_xids(name)]
         ran = store.node_jobs(self.cluster, name)
         try:
             node = self.service.node(name, who)
