@@ -321,6 +321,10 @@ def node_rig(tmp_path):
                                   "target_nodes": ["node2"], "mode": "external",
                                   "status": "executing", "claimed_by": "uid:0",
                                   "user": "bob"})
+    health = store.add_report({"report_id": "r3", "hook": "healthcheck", "node": "node2",
+                               "received": 1010.0})
+    store.add_xid({"report": health, "node": "node2", "kind": "xid", "xid": 94,
+                   "raw": "NVRM: Xid 94 between jobs", "fingerprint": "c"})
     client.post("/v1/nodes/node2/exclude", json={"reason": "IB flaps, ticket 88"})
     return store, client
 
@@ -336,7 +340,8 @@ def test_the_node_page_shows_xids_strikes_drains_and_the_jobs_that_ran_there(tmp
     assert "Slurm shows the drain as <span class='mono'>recovery: 2 xid 79</span>, set by root" \
         in section["node"]
     xids = section["xids"][:section["xids"].index("id='strikes'")]
-    assert re.findall(r"<td>(\d+)</td>\s*<td>(\d+|-)</td>", xids) == [("48", "-"), ("79", "1")]
+    assert re.findall(r"<td>(\d+)</td>\s*<td>(\d+|-)</td>", xids) == \
+        [("94", "-"), ("48", "-"), ("79", "1")]
     assert "GPU has fallen off the bus" in xids and job_links(xids) == ["5001", "4410"]
     strikes = section["strikes"][:section["strikes"].index("id='drains'")]
     assert job_links(strikes) == ["4410", "5001"] and "<td>#1</td>" in strikes
@@ -361,6 +366,7 @@ def test_the_node_page_hides_other_users_jobs_and_users(tmp_path):
     assert set(job_links(text)) == {"4410"}
     assert text.count("another user's job") == 2        # bob's XID and bob's drain
     assert "NVRM: Xid 48" not in text and ">DBE<" in text   # his XID's kernel line hidden
+    assert "NVRM: Xid 94 between jobs" in text               # nobody's: shown to all
     assert "and 1 attempt of other users' jobs" in text
     assert "recovery-ctl include" not in text and "recovery-ctl exclude" not in text
     theirs = view.node_page("node2", BOB)

@@ -113,9 +113,10 @@ def node_commands(node: dict, who: Caller | None) -> list[dict]:
 
 def _masked(row: dict, who: Caller | None, user_key: str = "user",
             job_keys: tuple[str, ...] = ("job_id",)) -> dict:
-    """``row`` as ``who`` may see it: another user's job id and user blanked,
-    as the service does for a node's strikes."""
-    if sees_all(who) or (row.get(user_key) or "") == who.name:
+    """``row`` as ``who`` may see it: when it came from another user's job,
+    that job's id and user blanked, as the service does for a node's strikes
+    (a row of no job, a node's own health check, is nobody's)."""
+    if sees_all(who) or row.get("job") is None or (row.get(user_key) or "") == who.name:
         return row
     return {**row, user_key: None, **{k: None for k in job_keys}}
 
