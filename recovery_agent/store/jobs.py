@@ -17,6 +17,13 @@ from ..scheduler.base import Job
 from .timeline import _dumps
 
 
+# a job's category as a list shows it: that of its last job recommendation (the
+# verdict that decided it), else of its last detection
+_CATEGORY = ("coalesce((select r.reason_category from recommendations r where r.job = j.id "
+             "and r.scope = 'job' order by r.id desc limit 1), (select d.category from "
+             "detections d where d.job = j.id order by d.id desc limit 1))")
+
+
 class JobQueries:
     """Mixed into :class:`~recovery_agent.store.Store`."""
 
@@ -125,11 +132,15 @@ class JobQueries:
         return list(self.db["jobs"].rows_where(order_by="id"))
 
     def record_attempt(self, job_pk: int, job: Job) -> int:
-        """Insert or refresh the attempt numbered by the job's restart count."""
+        """Insert or refresh the attempt numbered by the job's restart count
+        (its output paths only when the listing names them: a hook's report
+        does not)."""
         now = time.time()
         values = {"nodes": _dumps(list(job.nodes)), "batch_host": job.batch_host,
                   "start_time": job.start_time, "end_time": job.end_time, "state": job.state,
                   "exit_code": job.exit_code, "exit_signal": job.exit_signal, "last_seen": now}
+        values.update({key: path for key, path in (("stdout", job.stdout),
+                                                    ("stderr", job.stderr)) if path})
         with self.db.atomic():
             rows = list(self.db["attempts"].rows_where("job = ? and attempt = ?",
                                                        [job_pk, job.restart_count], limit=1))
@@ -191,6 +202,59 @@ class JobQueries:
             args.append(before)
         return list(self.db["jobs"].rows_where(" and ".join(where), args,
                                                order_by="id desc", limit=limit))
+
+    def search_jobs(self, cluster: str, state: str | None = None, user: str | None = None,
+                    env: str | None = None, node: str | None = None,
+                    category: str | None = None, text: str | None = None,
+                    limit: int = 100, before: int | None = None) -> list[dict]:
+        """The cluster's jobs as the Console lists them: newest first, each
+        with its ``category`` (that of its last job recommendation, else of its
+        last detection), filtered by whichever are given: state, user, env, a
+        node one of its attempts ran on, a category, and ``text`` found (any
+        case) in its job id, name or user; ``before``: only rows with a lower
+        row id (the next page)."""
+        where, args = ["j.cluster = ?"], [cluster]
+        for key, value in (("state", state), ("user", user), ("env", env)):
+            if value:
+                where.append(f'j."{key}" = ?')
+                args.append(value)
+        if node:
+            where.append("exists (select 1 from attempts a, json_each(a.nodes) n "
+                         "where a.job = j.id and n.value = ?)")
+            args.append(node)
+        if category:
+            where.append(f"{_CATEGORY} = ?")
+            args.append(category)
+        if text:
+            where.append("instr(lower(j.job_id || ' ' || coalesce(j.name, '') || ' ' "
+                         "|| coalesce(j.user, '')), ?) > 0")
+            args.append(text.lower())
+        if before is not None:
+            where.append("j.id < ?")
+            args.append(before)
+        return list(self.db.query(
+            f"select j.*, {_CATEGORY} as category from jobs j where {' and '.join(where)} "
+            "order by j.id desc limit ?", [*args, limit]))
+
+    def job_facets(self, cluster: str, user: str | None = None) -> dict[str, list[str]]:
+        """The values the Console's job filters offer: the states, environments
+        and users of the cluster's jobs (of ``user``'s only, when given), and
+        the categories of their detections and job recommendations, each sorted."""
+        mine = ' and j."user" = ?2' if user is not None else ""
+
+        def values(sql: str) -> list[str]:
+            args = [cluster] if user is None else [cluster, user]
+            return sorted(r[0] for r in self.db.execute(sql, args).fetchall() if r[0])
+        return {
+            "state": values(f"select distinct state from jobs j where cluster = ?1{mine}"),
+            "env": values(f"select distinct env from jobs j where cluster = ?1{mine}"),
+            "user": values(f'select distinct "user" from jobs j where cluster = ?1{mine}'),
+            "category": values(
+                "select category from detections d join jobs j on j.id = d.job "
+                f"where j.cluster = ?1{mine} union select reason_category from "
+                "recommendations r join jobs j on j.id = r.job where j.cluster = ?1 "
+                f"and r.scope = 'job'{mine}"),
+        }
 
     def array_tasks(self, cluster: str, array_job_id: int) -> list[dict]:
         """The stored tasks of a job array, by task id."""

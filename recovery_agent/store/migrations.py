@@ -168,6 +168,35 @@ def m008_strike_witness(db: Database) -> None:
     db["strikes"].add_column("witnessed", int, not_null_default=0)
 
 
+def m009_event_detections(db: Database) -> None:
+    """Each ``detected`` event names the detection it announces
+    (``events.detection``), so that a page shows the detection's own evidence
+    line beside it, not the line of another detection of the same rule.
+    Events written before this are linked here: the watch loop wrote each
+    detection and its event together, in the same order, so the k-th event of
+    a rule in an attempt is the k-th detection of that rule in that attempt."""
+    db["events"].add_column("detection", int)
+    found: dict[tuple, list[int]] = {}
+    for row in db.execute("select id, job, attempt, pattern_id from detections "
+                          "order by id").fetchall():
+        found.setdefault((row[1], row[2], row[3]), []).append(row[0])
+    links = []
+    for row in db.execute("select id, job, attempt, message from events "
+                          "where kind = 'detected' order by id").fetchall():
+        same = found.get((row[1], row[2], (row[3] or "").split(" ", 1)[0]))
+        if same:
+            links.append((same.pop(0), row[0]))
+    db.conn.executemany("update events set detection = ? where id = ?", links)
+
+
+def m010_attempt_output_paths(db: Database) -> None:
+    """The output files each attempt wrote (Slurm's StdOut and StdErr, with
+    their patterns expanded), for the pages that point an admin at them.
+    Attempts recorded before this have none."""
+    db["attempts"].add_column("stdout", str)
+    db["attempts"].add_column("stderr", str)
+
+
 MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("001_initial", m001_initial),
     ("002_node_reports", m002_node_reports),
@@ -177,6 +206,8 @@ MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("006_late_reports", m006_late_reports),
     ("007_drain_records", m007_drain_records),
     ("008_strike_witness", m008_strike_witness),
+    ("009_event_detections", m009_event_detections),
+    ("010_attempt_output_paths", m010_attempt_output_paths),
 ]
 
 

@@ -10,6 +10,9 @@ from typing import Any, Mapping
 
 from sqlite_utils import Database
 
+from .recs import decode_rec
+from .records import Recommendation
+
 
 class NodeQueries:
     """Mixed into :class:`~recovery_agent.store.Store`."""
@@ -99,3 +102,42 @@ class NodeQueries:
     def attempt_xids(self, job_pk: int, attempt: int) -> list[dict]:
         """The XIDs the hooks reported for one attempt, in the table's order."""
         return list(self.db["xids"].rows_where("job = ? and attempt = ?", [job_pk, attempt]))
+
+    # -- what a node's page shows ------------------------------------------------
+    def node_xids(self, node: str, limit: int = 200) -> list[dict]:
+        """The XIDs the hooks reported on ``node``, newest first, each with the
+        hook and time of its report and the job (``job_id``, ``user``) it ran
+        under, if any."""
+        return list(self.db.query(
+            "select x.*, r.hook, r.received, j.job_id, j.user from xids x "
+            "left join node_reports r on r.id = x.report left join jobs j on j.id = x.job "
+            "where x.node = ? order by x.id desc limit ?", [node, limit]))
+
+    def node_drains(self, node: str, limit: int = 200) -> list[Recommendation]:
+        """The node recommendations (drains, resumes) naming ``node``, newest
+        first."""
+        return [decode_rec(r) for r in self.db.query(
+            "select * from recommendations where scope = 'node' and exists "
+            "(select 1 from json_each(target_nodes) t where t.value = ?) "
+            "order by id desc limit ?", [node, limit])]
+
+    def node_operator_events(self, node: str, limit: int = 200) -> list[dict]:
+        """Operators' exclusions and inclusions of ``node`` (the API's audit
+        events, with who and why in their data), newest first."""
+        rows = list(self.db.query(
+            "select * from events where kind in ('api_exclude', 'api_include') "
+            "and json_extract(data, '$.node') = ? order by id desc limit ?", [node, limit]))
+        for row in rows:
+            row["data"] = json.loads(row["data"]) if row["data"] else None
+        return rows
+
+    def node_jobs(self, cluster: str, node: str, limit: int = 200) -> list[dict]:
+        """The attempts that ran on ``node`` (one of their nodes), newest first:
+        the job's row id, ``job_id``, ``name``, ``user`` and ``state``, with the
+        attempt's number, state and times."""
+        return list(self.db.query(
+            "select j.id as job, j.job_id, j.name, j.user, j.state, a.attempt, "
+            "a.state as attempt_state, a.start_time, a.end_time from attempts a "
+            "join jobs j on j.id = a.job where j.cluster = ? and exists "
+            "(select 1 from json_each(a.nodes) n where n.value = ?) "
+            "order by a.id desc limit ?", [cluster, node, limit]))

@@ -21,10 +21,14 @@ class TimelineQueries:
 
     # -- the timeline ------------------------------------------------------
     def add_event(self, job_pk: int | None, kind: str, message: str, attempt: int | None = None,
-                  source: str = "", data: Any = None, ts: float | None = None) -> int:
+                  source: str = "", data: Any = None, ts: float | None = None,
+                  detection: int | None = None) -> int:
+        """One event on a job's timeline; ``detection``: the row id of the
+        detection a ``detected`` event announces (its evidence is that row's)."""
         return self.db["events"].insert({
             "job": job_pk, "attempt": attempt, "ts": ts or time.time(), "kind": kind,
             "source": source, "message": message, "data": _dumps(data) if data else None,
+            "detection": detection,
         }).last_pk
 
     def note_invalid_spec(self, job_pk: int, raw: str, problem: str, attempt: int | None,

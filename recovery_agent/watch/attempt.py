@@ -202,11 +202,11 @@ class AttemptLines:
         try:
             with self.store.transaction():
                 for det, ts in todo:
-                    self.store.record_detection(watch.job_pk, watch.attempt, det, ts=ts)
+                    pk = self.store.record_detection(watch.job_pk, watch.attempt, det, ts=ts)
                     self.store.add_event(watch.job_pk, "detected",
                                          f"{det.rule} ({det.category})"
                                          + (f" on {det.host}" if det.host else ""),
-                                         attempt=watch.attempt, source="watch")
+                                         attempt=watch.attempt, source="watch", detection=pk)
         except STORE_ERRORS as exc:
             watch.unstored = todo
             self._defer(exc)

@@ -68,9 +68,9 @@ def rig(tmp_path, people, monkeypatch):
     store = Store(tmp_path / "r.db")
     pk = _job(store, "42", alice.name)
     with store.lock:
-        store.record_detection(pk, 0, _detection(), ts=1001.0)
+        found = store.record_detection(pk, 0, _detection(), ts=1001.0)
         store.add_event(pk, "detected", "node.xid_fatal gpu_hardware on node2", attempt=0,
-                        ts=1001.0)
+                        ts=1001.0, detection=found)
         store.add_strike("node2", "gpu_hardware", 1.0, pk, alice.name, ts=time.time())
     job_rec = _rec(store, pk, "42", alice.name)
     drain = _rec(store, pk, "42", alice.name, scope="node", parent=job_rec,

@@ -128,3 +128,33 @@ def test_watch_rows_leave_out_long_finished_jobs(store):
     assert other not in [r["id"] for r in rows]
     assert {"id", "job_id", "state", "last_seen", "restart_count", "env", "mode",
             "spec", "cluster"} <= set(rows[0].keys())
+
+
+def test_migration_links_the_detected_events_of_an_older_store(tmp_path, monkeypatch):
+    """A store written before events named their detection: the migration pairs
+    the k-th event of a rule in an attempt with the k-th detection of it."""
+    from recovery_agent.store import migrations
+    before = [m for m in migrations.MIGRATIONS if m[0] < "009"]
+    monkeypatch.setattr(migrations, "MIGRATIONS", before)
+    path = tmp_path / "old.db"
+    with Store(path) as old:
+        pk = old.record_job(job(), cluster="c1")
+        dets, events = old.db["detections"], old.db["events"]
+        ids = []
+        for attempt, rule, text in [(0, "slurm.task_exit", "task 0"), (0, "nccl.timeout", "t"),
+                                    (0, "slurm.task_exit", "task 3"),
+                                    (1, "slurm.task_exit", "task 5")]:
+            ids.append(dets.insert({"job": pk, "attempt": attempt, "ts": 1.0,
+                                    "category": "application", "pattern_id": rule,
+                                    "evidence": "{}"}).last_pk)
+            events.insert({"job": pk, "attempt": attempt, "ts": 1.0, "kind": "detected",
+                           "message": f"{rule} (application)"})
+        events.insert({"job": pk, "attempt": 0, "ts": 2.0, "kind": "verdict", "message": "v"})
+        events.insert({"job": pk, "attempt": 0, "ts": 2.0, "kind": "detected",
+                       "message": "gone.rule (x)"})   # its detection was never stored
+    monkeypatch.undo()
+    with Store(path) as new:
+        assert new.migrations_run[:2] == ["009_event_detections", "010_attempt_output_paths"]
+        links = [(e["kind"], e["detection"]) for e in new.timeline(pk)]
+    assert links == [("detected", ids[0]), ("detected", ids[1]), ("detected", ids[2]),
+                     ("detected", ids[3]), ("verdict", None), ("detected", None)]

@@ -297,3 +297,114 @@ def test_last_exclusion_is_the_latest_for_that_node(store):
     store.add_event(None, "api_include", "m", data={"node": "n1"})
     assert store.last_exclusion("n1")["reason"] == "flaky IB"
     assert store.last_exclusion("n2")["reason"] == "other"
+
+
+# -- what the Console asks: paging, searching, a node's page (issue 17) -------------
+class Det:
+    """The fields record_detection reads off a Detection."""
+    severity, gpu, rank, detail, action_hint, pci, xid = "error", None, None, None, None, None, None
+
+    def __init__(self, rule="slurm.task_exit", category="application", host=None, text=""):
+        from recovery_agent.detect.model import Evidence
+        self.rule, self.category, self.host = rule, category, host
+        self.evidence = (Evidence(text=text, source="/out/slurm.out", line=7),) if text else ()
+
+
+def test_find_jobs_before_pages_by_row_id_newest_first(store):
+    pks = [store.record_job(job(str(n)), "c1") for n in range(1, 8)]
+    assert [r["id"] for r in store.find_jobs("c1", limit=3)] == pks[:3:-1]
+    assert [r["id"] for r in store.find_jobs("c1", limit=3, before=pks[4])] == \
+        [pks[3], pks[2], pks[1]]
+    assert [r["id"] for r in store.find_jobs("c1", before=pks[0])] == []
+    # with the other filters
+    assert [r["id"] for r in store.find_jobs("c1", user="alice", before=pks[1])] == [pks[0]]
+
+
+def test_search_jobs_filters_by_node_category_text_and_pages(store):
+    ana = store.record_job(job("11", user="ana", name="llm-70b", state="FAILED"), "c1",
+                           env="prod")
+    store.record_attempt(ana, job("11", nodes=("n1", "n2")))
+    store.record_attempt(ana, job("11", nodes=("n3", "n4"), restart_count=1))
+    bob = store.record_job(job("12", user="bob", name="vision"), "c1", env="dev")
+    store.record_attempt(bob, job("12", nodes=("n2",)))
+    store.record_detection(bob, 0, Det(category="nccl"))
+    cat = store.record_job(job("13", user="cat", name="LLM-tiny"), "c1", env="dev")
+    store.record_detection(cat, 0, Det(category="nccl"))
+    rec(store, job=cat, attempt=0, reason_category="gpu_hardware")    # decides the category
+    store.record_job(job("14", user="ana"), "c2")                     # another cluster
+
+    def ids(**kw):
+        return [r["job_id"] for r in store.search_jobs("c1", **kw)]
+
+    assert ids() == ["13", "12", "11"]
+    assert ids(node="n4") == ["11"] and ids(node="n2") == ["12", "11"] and ids(node="n") == []
+    assert ids(category="nccl") == ["12"] and ids(category="gpu_hardware") == ["13"]
+    assert [r["category"] for r in store.search_jobs("c1")] == ["gpu_hardware", "nccl", None]
+    assert ids(text="llm") == ["13", "11"] and ids(text="BOB") == ["12"]
+    assert ids(text="1") == ["13", "12", "11"]               # the job id matches too
+    assert ids(text="%") == [] and ids(text="_") == []       # no LIKE wildcards
+    assert ids(state="FAILED", env="prod", user="ana") == ["11"]
+    assert ids(user="ana", env="dev") == []
+    assert ids(limit=2) == ["13", "12"] and ids(limit=2, before=bob) == ["11"]
+    assert store.job_facets("c1") == {"state": ["FAILED", "RUNNING"], "env": ["dev", "prod"],
+                                      "user": ["ana", "bob", "cat"],
+                                      "category": ["gpu_hardware", "nccl"]}
+    assert store.job_facets("c1", user="bob") == {"state": ["RUNNING"], "env": ["dev"],
+                                                  "user": ["bob"], "category": ["nccl"]}
+    assert store.job_facets("c1", user="zed") == {"state": [], "env": [], "user": [],
+                                                  "category": []}
+
+
+def test_a_detected_event_names_its_own_detection(store):
+    pk = store.record_job(job(), "c1")
+    first = store.record_detection(pk, 0, Det(text="task 0 exited with 1"))
+    second = store.record_detection(pk, 0, Det(text="task 3 exited with 9"))
+    store.add_event(pk, "detected", "slurm.task_exit (application)", attempt=0,
+                    detection=second)
+    store.add_event(pk, "registered", "seen", attempt=0)
+    events = list(store.timeline(pk))
+    assert [e["detection"] for e in events] == [second, None]
+    assert {d["id"]: d["evidence"]["lines"][0]["text"] for d in store.detections(pk)} == \
+        {first: "task 0 exited with 1", second: "task 3 exited with 9"}
+
+
+def test_record_attempt_keeps_the_output_paths_a_hook_does_not_know(store):
+    pk = store.record_job(job(), "c1")
+    store.record_attempt(pk, job(stdout="/home/a/slurm-100.out", stderr="/home/a/err"))
+    store.record_attempt(pk, job(state="FAILED"))          # a hook's report: no paths
+    (attempt,) = store.attempts(pk)
+    assert (attempt["stdout"], attempt["stderr"], attempt["state"]) == \
+        ("/home/a/slurm-100.out", "/home/a/err", "FAILED")
+
+
+def test_a_nodes_xids_drains_operator_actions_and_jobs(store):
+    ana = store.record_job(job("21", user="ana"), "c1")
+    store.record_attempt(ana, job("21", nodes=("n1", "n2")))
+    store.record_attempt(ana, job("21", nodes=("n3",), restart_count=1))
+    bob = store.record_job(job("22", user="bob"), "c1")
+    store.record_attempt(bob, job("22", nodes=("n1",)))
+    one = store.add_report(report(received=100.0))
+    store.add_xid(xid(one, ana, 0, raw="a"))
+    store.add_xid(xid(one, None, None, raw="b", node="n2"))
+    two = store.add_report(report(received=200.0))
+    store.add_xid(xid(two, bob, 0, raw="c"))
+    got = store.node_xids("n1")
+    assert [(x["raw"], x["job_id"], x["user"], x["hook"], x["received"]) for x in got] == \
+        [("c", "22", "bob", "epilog", 200.0), ("a", "21", "ana", "epilog", 100.0)]
+    drain = rec(store, scope="node", action="drain_node", target_nodes=["n1"], job=ana)
+    rec(store, scope="node", action="drain_node", target_nodes=["n2"])
+    rec(store, scope="job", action="requeue_exclude", target_nodes=["n1"])
+    resume = rec(store, scope="node", action="resume_node", target_nodes=["n1"])
+    assert [r.id for r in store.node_drains("n1")] == [resume, drain]
+    store.add_event(None, "api_exclude", "node n1 excluded", source="api",
+                    data={"node": "n1", "user": "root", "uid": 0, "reason": "flaky IB"})
+    store.add_event(None, "api_exclude", "node n10 excluded", source="api",
+                    data={"node": "n10", "user": "root", "uid": 0, "reason": "x"})
+    store.add_event(None, "api_include", "node n1 included", source="api",
+                    data={"node": "n1", "user": "root", "uid": 0})
+    assert [(e["kind"], e["data"].get("reason")) for e in store.node_operator_events("n1")] \
+        == [("api_include", None), ("api_exclude", "flaky IB")]
+    assert [(r["job_id"], r["attempt"], r["user"]) for r in store.node_jobs("c1", "n1")] == \
+        [("22", 0, "bob"), ("21", 0, "ana")]
+    assert [r["job_id"] for r in store.node_jobs("c1", "n3")] == ["21"]
+    assert store.node_jobs("c2", "n1") == [] and store.node_xids("n9") == []
