@@ -171,6 +171,8 @@ class Service:
         row = self.job_row(job_id)
         may_read(who, row["user"], f"job {job_id}")
         row["effective_mode"] = self.effective_mode(row)
+        # false: the directive names an environment the config lacks (runs as default)
+        row["env_known"] = row["env"] in self.cfg.environments
         return {"job": decoded(row), "attempts": self.store.attempts(row["id"]),
                 "detections": self.store.detections(row["id"]),
                 "recommendations": [r.to_dict() for r in
