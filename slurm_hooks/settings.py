@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import re
 
+from . import durations
+
 DEFAULT_PATH = "/etc/slurm-recovery/recovery.toml"
 DEFAULTS: dict[str, object] = {
     "agent_url": "http://127.0.0.1:8787",
@@ -48,7 +50,10 @@ def _duration(value: object) -> float | None:
     if isinstance(value, (int, float)):
         return float(value) if value >= 0 else None
     match = _DURATION.match(str(value))
-    return float(match.group(1)) * _UNITS[match.group(2)] if match else None
+    if match:
+        return float(match.group(1)) * _UNITS[match.group(2)]
+    whole = durations.seconds(str(value).strip())   # 1h30m, 01:30:00, 2-00
+    return None if whole is None else float(whole)
 
 
 def _coerce(key: str, value: object) -> object | None:

@@ -8,7 +8,8 @@ Grammar::
     HEAD  := ENV [":" MODE] | ":" MODE
     ENV   := [A-Za-z0-9_-]{1,64}
     MODE  := monitor | action
-    KEY   := max-restarts (0-1000) | hang (90s, 20m, 2h, 1d) | ckpt (absolute path or glob)
+    KEY   := max-restarts (0-1000) | hang (a duration: durations.py; a bare number is
+           seconds) | ckpt (absolute path or glob)
            | notify (none, mail, http(s) URL)
 
 A spec whose first part holds "=" has no head (``max-restarts=3``). Empty parts,
@@ -20,20 +21,21 @@ from __future__ import annotations
 
 import re
 
+from . import durations
+
 MAX_LENGTH = 512
 DEFAULT_ENV = "default"
 MODES = ("monitor", "action")
+MAX_HANG = 365 * 86400   # so the canonical seconds always parse again
 KEYS = ("max-restarts", "hang", "ckpt", "notify")
 SPANK_ENV = "SPANK__SLURM_SPANK_OPTION_slurm_recovery_recovery"
 JOB_ENV = "SLURM_RECOVERY"
 
 _ENV = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _RESTARTS = re.compile(r"[0-9]{1,4}")
-_HANG = re.compile(r"([0-9]{1,7})([smhd]?)")
 _CKPT = re.compile(r"/[A-Za-z0-9_./@+*?{}\[\]-]{0,255}")
 _URL = re.compile(r"https?://[A-Za-z0-9._~:/?#@!*+=%-]{1,400}")
 _COMMENT = re.compile(r"(?:^|[\s;])recovery=(\S*)")
-_HANG_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class SpecError(ValueError):
@@ -138,10 +140,11 @@ def _parse_value(key: str, value: str) -> object:
             raise SpecError(f"invalid max-restarts {_show(value)} (an integer 0-1000)")
         return int(value)
     if key == "hang":
-        match = _HANG.fullmatch(value)
-        if not match or int(match.group(1)) == 0:
-            raise SpecError(f"invalid hang {_show(value)} (a duration such as 90s, 20m, 2h)")
-        return int(match.group(1)) * _HANG_UNITS[match.group(2)]
+        hang = durations.seconds(value)
+        if not hang or hang > MAX_HANG:
+            raise SpecError(f"invalid hang {_show(value)} (a duration such as 90s, 20m, "
+                            f"1h30m, 01:30:00; at most 365d)")
+        return hang
     if key == "ckpt":
         if not value.startswith("/"):
             raise SpecError(f"invalid ckpt {_show(value)} (an absolute path)")

@@ -160,24 +160,93 @@ static int parse_head(char *head, struct spec *sp)
 	return 0;
 }
 
-static int parse_hang(const char *v, struct spec *sp)
+/*
+ * A run of 1-8 digits at *p as a number (advancing *p); -1 when there is none.
+ * Eight digits keep every sum below far within a long long.
+ */
+static long long take_number(const char **p)
 {
-	static const char units[] = "smhd";
-	static const long long secs[] = { 1, 60, 3600, 86400 };
-	size_t digits = strspn(v, "0123456789");
-	const char *unit = v[digits] ? strchr(units, v[digits]) : units;
+	size_t digits = strspn(*p, "0123456789");
 	long long n = 0;
 
-	if (digits < 1 || digits > 7 || !unit || (v[digits] && v[digits + 1]))
-		goto bad;
+	if (digits < 1 || digits > 8)
+		return -1;
 	for (size_t i = 0; i < digits; i++)
-		n = n * 10 + (v[i] - '0');
-	if (n == 0)
-		goto bad;
-	sp->hang = n * secs[unit - units];
+		n = n * 10 + ((*p)[i] - '0');
+	*p += digits;
+	return n;
+}
+
+/*
+ * Slurm's clock forms, as time_str2secs reads them (fields not range-checked):
+ * SS (a bare number is seconds here, see durations.py), MM:SS, HH:MM:SS, D-HH,
+ * D-HH:MM, D-HH:MM:SS. -1 when v is not one of them.
+ */
+static long long clock_seconds(const char *v)
+{
+	static const long long weights[3][3] = { { 1 }, { 60, 1 }, { 3600, 60, 1 } };
+	long long days = -1, field[3], total = 0;
+	const char *p = v;
+	int n = 0;
+
+	if (strchr(v, '-')) {
+		if ((days = take_number(&p)) < 0 || *p++ != '-')
+			return -1;
+	}
+	for (;;) {
+		if (n == 3 || (field[n++] = take_number(&p)) < 0)
+			return -1;
+		if (!*p)
+			break;
+		if (*p++ != ':')
+			return -1;
+	}
+	for (int i = 0; i < n; i++)
+		total += field[i] * (days >= 0 ? weights[2][i] : weights[n - 1][i]);
+	return total + (days > 0 ? days * 86400 : 0);
+}
+
+/* 1h30m, 2d4h, 90s: units d, h, m, s, largest first, each at most once. */
+static long long unit_seconds(const char *v)
+{
+	static const char units[] = "dhms";
+	static const long long secs[] = { 86400, 3600, 60, 1 };
+	const char *p = v, *unit, *last = NULL;
+	long long n, total = 0;
+
+	while (*p) {
+		if ((n = take_number(&p)) < 0 || !*p || !(unit = strchr(units, *p)))
+			return -1;
+		if (last && unit <= last)
+			return -1;
+		total += n * secs[unit - units];
+		last = unit;
+		p++;
+	}
+	return last ? total : -1;
+}
+
+/* The rules of slurm_hooks/durations.py; -1 when v is no duration. */
+static long long parse_duration(const char *v)
+{
+	size_t len = strlen(v);
+
+	if (len && strspn(v, "0123456789-:") == len)
+		return clock_seconds(v);
+	return unit_seconds(v);
+}
+
+#define MAX_HANG (365LL * 86400)	/* spec.py's MAX_HANG */
+
+static int parse_hang(const char *v, struct spec *sp)
+{
+	long long secs = parse_duration(v);
+
+	if (secs < 1 || secs > MAX_HANG)
+		return refuse("invalid hang %s (a duration such as 90s, 20m, 1h30m, 01:30:00; "
+			      "at most 365d)", show(v, strlen(v)));
+	sp->hang = secs;
 	return 0;
-bad:
-	return refuse("invalid hang %s (a duration such as 90s, 20m, 2h)", show(v, strlen(v)));
 }
 
 static int parse_ckpt(const char *v, struct spec *sp)

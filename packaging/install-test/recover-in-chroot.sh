@@ -85,7 +85,7 @@ restarts=$(field Restarts)
 excluded=$(field ExcNodeList)
 [ "$restarts" -ge 1 ] || die "job $job completed without a restart"
 [ "$excluded" = "$bad" ] || die "job $job excluded '$excluded', not $bad"
-sinfo -h -n "$bad" -o '%T %E' | grep -q 'recovery:' || die "$bad was not drained by us"
+sinfo -h -n "$bad" -o '%T %E' | grep -q 'rcv:' || die "$bad was not drained by us"
 "$prefix/bin/recovery-ctl" audit --job "$job"
 
 say "recovery-ctl check"

@@ -14,19 +14,60 @@ from ..store import OPEN_STATUSES, Recommendation, Status
 from .steps import may_have_run
 
 log = logging.getLogger("recovery_agent.act.actuator")   # the actuator's, as before its split
-DRAIN_TAG = "recovery:"
+DRAIN_TAG = "rcv:"
+OLD_DRAIN_TAG = "recovery:"   # the wording before drain reasons were cut to fit sinfo -R
+REASON_WIDTH = 20   # sinfo -R's REASON column (%20E): a longer reason is cut there
+# short labels for the reason Slurm shows; the full reason stays in our store
+_LABELS = {"gpu_hardware": "gpu", "interconnect": "net", "nccl_timeout_hang": "hang",
+           "cuda_error": "cuda", "oom": "oom", "system_software": "sys",
+           "application": "app", "segfault": "segv", "lemon": "lemon",
+           "straggler": "slow", "hang_suspect": "hang", "": "fault"}
 
 
-def drain_reason(rec_id: int, category: str) -> str:
-    """The reason we give slurmctld: tagged as ours, so we never resume a node
-    someone else drained."""
-    return f"{DRAIN_TAG} {rec_id} {category or 'fault'}"[:200]
+def drain_xid(rec: Recommendation, node: str | None = None) -> int | None:
+    """The XID the drain rests on: the first in the verdict's evidence on
+    ``node``, else the first on any node; None when the evidence names none."""
+    items = [e for e in (rec.evidence if isinstance(rec.evidence, list) else [])
+             if isinstance(e, dict) and isinstance(e.get("xid"), int)]
+    on_node = [e for e in items if e.get("node") == node]
+    return (on_node or items or [{"xid": None}])[0]["xid"]
+
+
+def drain_reason(rec_id: int, category: str, xid: int | None = None) -> str:
+    """The reason we give slurmctld, at most :data:`REASON_WIDTH` characters so
+    ``sinfo -R`` shows it whole: our tag, the XID or a short category, and the
+    recommendation (``rcv:xid79 #12``, ``rcv:net #40``). The tag only helps a
+    reader: what makes a drain ours is the record :func:`our_drain` checks."""
+    label = f"xid{xid}" if xid is not None and 0 <= xid < 10000 else _LABELS.get(
+        category or "", "".join(c for c in (category or "") if c.isalnum())[:5] or "fault")
+    suffix = f" #{rec_id}"
+    room = max(REASON_WIDTH - len(DRAIN_TAG) - len(suffix), 0)
+    return f"{DRAIN_TAG}{label[:room]}{suffix}"[:REASON_WIDTH]
+
+
+def slurm_reason(rec: Recommendation, node: str) -> str:
+    """:func:`drain_reason` for this drain recommendation of ``node`` (a lemon
+    drain names no XID: the evidence that made it was another node's)."""
+    category = rec.reason_category or ""
+    return drain_reason(rec.id, category, None if category == "lemon" else drain_xid(rec, node))
+
+
+def drain_detail(rec: Recommendation, node: str | None = None) -> str:
+    """The full reason, for our store and ``recovery-ctl show node``: which
+    recommendation, why, the XID, and the job it came from."""
+    xid = drain_xid(rec, node)
+    why = rec.reason or rec.reason_category or "fault"
+    text = (f"recovery #{rec.id} {rec.reason_category or 'fault'}: {why}"
+            + (f" (xid {xid})" if xid is not None and "xid" not in why.lower() else "")
+            + (f", job {rec.job_id}" if rec.job_id else ""))
+    return text[:500]
 
 
 def ours(reason: str) -> bool:
-    """Does the reason read like one of ours? Wording only: what makes a drain
-    ours is the record :func:`our_drain` checks."""
-    return reason.startswith(DRAIN_TAG)
+    """Does the reason read like one of ours (today's tag or the older
+    wording)? Wording only: what makes a drain ours is the record
+    :func:`our_drain` checks."""
+    return reason.startswith((DRAIN_TAG, OLD_DRAIN_TAG))
 
 
 class Drains:
@@ -47,7 +88,7 @@ class Drains:
             return
         rec = self._begin(rec)
         if rec.action == "drain_node":
-            reason = drain_reason(rec.id, rec.reason_category or "")
+            reason = slurm_reason(rec, name)
             if node.drained:
                 # ours only if this recommendation's own drain got there (the
                 # agent died after the call): that exact reason, and our call
@@ -95,7 +136,9 @@ class Drains:
                             "is recorded by reason only", rec.id, name, exc)
         shown = node if node is not None and node.drained and node.reason == reason else None
         with self.store.transaction():
-            self.store.set_node(name, drained_by_us=1, drain_reason=reason, drained_at=now,
+            # drain_reason: the full text; drain_slurm_reason: the short one Slurm shows
+            self.store.set_node(name, drained_by_us=1, drain_reason=drain_detail(rec, name),
+                                drained_at=now,
                                 drain_rec=rec.id,
                                 drain_slurm_reason=shown.reason if shown else reason,
                                 drain_slurm_user=shown.reason_user if shown else None,

@@ -12,6 +12,8 @@ from dataclasses import Field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from slurm_hooks import durations
+
 from ..errors import ConfigError
 from .schema import (BACKENDS, MODES, SECTIONS, STRAGGLER_ACTIONS, AgentConfig, ApiConfig,
                      AttributionConfig, Config, EnvironmentConfig, HooksConfig, PolicyConfig,
@@ -26,17 +28,20 @@ _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 
 def parse_duration(value: Any, key: str = "duration") -> float:
-    """Seconds from ``90``, ``"90s"``, ``"20m"``, ``"2h"`` or ``"1d"``."""
+    """Seconds from a number or a string: ``90`` (a bare number is seconds, as it
+    always was here), ``"1.5h"``, ``"250ms"``, or any form of
+    :mod:`slurm_hooks.durations` (``"1h30m"``, ``"01:30:00"``, ``"2-00"``)."""
+    expected = f"{key}: expected a duration such as 90s, 20m, 1h30m or 01:30:00, got {value!r}"
     if isinstance(value, bool):
-        raise ConfigError(f"{key}: expected a duration such as 90s, 20m or 2h, got {value!r}")
+        raise ConfigError(expected)
     if isinstance(value, (int, float)):
         seconds = float(value)
-    else:
-        match = _DURATION.match(str(value))
-        if not match:
-            raise ConfigError(f"{key}: expected a duration such as 90s, 20m or 2h, "
-                              f"got {value!r}")
+    elif (match := _DURATION.match(str(value))):
         seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    elif (whole := durations.seconds(str(value).strip())) is not None:
+        seconds = float(whole)
+    else:
+        raise ConfigError(expected)
     if seconds < 0:
         raise ConfigError(f"{key}: a duration cannot be negative")
     return seconds

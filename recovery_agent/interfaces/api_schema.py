@@ -145,6 +145,9 @@ class JobRecord(_Row):
     category: str | None = Field(description="The category of the verdict that decided "
                                              "the job's last recommendation; the last "
                                              "detection's when it has none.")
+    env_known: bool | None = Field(None, description="In a job's detail: false when its "
+                                                     "directive names an environment the "
+                                                     "config lacks (it runs as default).")
 
 
 class JobSummary(JobRecord):

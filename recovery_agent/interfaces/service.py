@@ -207,6 +207,8 @@ class Service:
         row["effective_mode"] = self.effective_mode(row)
         recs = self.store.recommendations(job_pk=row["id"])
         row["category"] = self.category(row["id"], [r for r in recs if r.scope == "job"])
+        # false: the directive names an environment the config lacks (runs as default)
+        row["env_known"] = row["env"] in self.cfg.environments
         return {"job": decoded(row), "attempts": self.store.attempts(row["id"]),
                 "detections": self.store.detections(row["id"]),
                 "recommendations": [r.to_dict() for r in recs]}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from sqlite_utils import Database
 
@@ -39,6 +39,19 @@ class TimelineQueries:
             return False
         self.add_event(job_pk, "spec_invalid", f"invalid recovery spec {raw[:80]!r}: "
                        f"{problem}; monitoring only", attempt=attempt, source=source)
+        return True
+
+    def note_unknown_env(self, job_pk: int, env: str, known: Iterable[str], mode: str,
+                         source: str = "agent") -> bool:
+        """Put on a job's timeline, once per job, that its directive names an
+        environment the config lacks (a typo such as ``dmeo``), and what its
+        decisions use instead; True when written now."""
+        if self.db["events"].count_where("job = ? and kind = 'env_unknown'", [job_pk]):
+            return False
+        self.add_event(job_pk, "env_unknown",
+                       f"environment {env[:64]!r} is not configured (known: "
+                       f"{', '.join(sorted(known))}); decisions use [environments.default], "
+                       f"mode {mode}", source=source)
         return True
 
     def timeline(self, job_pk: int) -> Iterator[dict]:

@@ -11,6 +11,8 @@ import time
 from slurm_hooks import spec as specs
 
 from ..config import Config
+from ..decide.decider import environment_mode
+from ..decide.policy import effective_mode
 from ..detect.scanner import Scanner
 from ..errors import RecoveryError, StoreError
 from ..inputs.tail import Tailer
@@ -66,6 +68,7 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
         self._listed_at: dict[int, float] = {}    # job row -> last time squeue listed it
         self._judged: set[tuple[int, int]] = set()  # (job row, attempt) with a verdict
         self._known: set[tuple[str, int]] = set()   # (job id, submit time) registered
+        self._env_checked: set[int] = set()   # job rows whose environment was looked up
         self._seen_flushed = 0.0
         self._path_users: dict[str, int] = {}       # followed path -> watches using it
         self._node_map: tuple[float, dict[str, str]] = (float("-inf"), {})
@@ -135,6 +138,7 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
                 # passes on; checked before an ended, judged job is passed over
                 self._reused(row, job)
                 continue
+            self._flag_unknown_env(row)
             last_seen = max(row["last_seen"] or 0, self._listed_at.get(row["id"], 0))
             if row["state"] in ENDED_STATES and (
                     now - last_seen > GONE_AFTER
@@ -154,6 +158,27 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
             self._record(row, job, stored)
             self._follow(row, job, now)
         self._flush_last_seen(now)
+
+    def _flag_unknown_env(self, row: dict) -> None:
+        """A job whose directive names an environment the config lacks runs as
+        ``default``: say so on its timeline the first time the loop sees it (the
+        SPANK plugin refuses such names at submit time only when the plugstack
+        sets allowed_envs)."""
+        if row["id"] in self._env_checked:
+            return
+        if row["env"] not in self.cfg.environments:
+            mode = effective_mode(environment_mode(self.cfg, self.store, "default"),
+                                  row["mode"] or None)
+            try:
+                with self.store.transaction():
+                    if self.store.note_unknown_env(row["id"], row["env"],
+                                                   self.cfg.environments, mode, "poller"):
+                        log.warning("job=%s environment %r is not configured; it runs as "
+                                    "default (mode %s)", row["job_id"], row["env"], mode)
+            except STORE_ERRORS as exc:
+                self._defer(exc)
+                return   # tried again next cycle
+        self._env_checked.add(row["id"])
 
     def _record(self, row: dict, job: Job, stored: tuple) -> None:
         """Write a listed job's changes (and its state change, for the timeline)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from recovery_agent.act.drains import ours
 from recovery_devtools.devcluster.inject import inject_xid
 from tests.integration.conftest import job_row, wait_for
 from tests.integration.test_recovery_live import (final_rec, job_now, own_agent, recs,
@@ -38,7 +39,7 @@ def ctld(devcluster):
     # still runs the old job, and drain that node ("Duplicate jobid"): undo
     sched = devcluster.scheduler()
     for node in sched.list_nodes():
-        if not node.available and not node.reason.startswith("recovery:"):
+        if not node.available and not ours(node.reason):
             devcluster.runner().run(["scontrol", "update", f"nodename={node.name}",
                                      "state=resume"], check=False)
     wait_for(lambda: all(n.available for n in sched.list_nodes()), 60,

@@ -131,7 +131,13 @@ def test_xid_requeues_without_the_node_drains_it_and_resumes(act_agent, submit, 
     node = sched.get_node(bad)
     (drain,) = recs(act_agent, row[0], "node")
     assert drain["status"] == "done" and node.drained
-    assert node.reason.startswith(f"recovery: {drain['id']} ")
+    # the reason fits sinfo -R's REASON column whole; the store keeps the full one
+    assert node.reason == f"rcv:xid79 #{drain['id']}"
+    listed = devcluster.runner().run(["sinfo", "-R", "-h", "-n", bad, "-o", "%20E"]).stdout
+    assert listed.strip() == node.reason
+    ((full,),) = act_agent.query("select drain_reason from nodes where name = ?", bad)
+    assert full.startswith(f"recovery #{drain['id']} ") and "xid 79" in full.lower()
+    assert full.endswith(f", job {job_id}")
     wait_for(lambda: output_has(out, "resuming from checkpoint", 2), 60,
              "both ranks resuming from the checkpoint")
 

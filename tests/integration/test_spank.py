@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -68,12 +70,17 @@ def hooks_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cluster(spank_plugin, hooks_dir, tmp_path_factory):
-    dev = DevCluster(tmp_path_factory.mktemp("spank-cluster"))
+def cluster(spank_plugin, hooks_dir):
+    # under /tmp, not pytest's 0700 tree: an unprivileged user's sbatch must
+    # reach slurm.conf and the munge socket in the state dir
+    root = Path(tempfile.mkdtemp(prefix="recovery-spank-cluster-"))
+    root.chmod(0o755)
+    dev = DevCluster(root)
     dev.up(ClusterSpec(nodes=2, gpus_per_node=0, port=PORT, hooks_bin=str(hooks_dir),
                        spank_plugin=str(spank_plugin), spank_args=SPANK_ARGS))
     yield dev
     dev.down(quiet=True)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def slurm(cluster: DevCluster, *argv: str, env: dict | None = None):
@@ -157,6 +164,19 @@ def test_environment_outside_allowed_envs_is_refused(cluster):
     proc = sbatch(cluster, "--recovery=team-b:action")
     assert refusal_problems("team-b:action", "environment 'team-b' is not allowed "
                             "(allowed: lab, prod, default, team-a_1, aaaa", proc) == []
+
+
+def test_an_unprivileged_user_gets_the_allowed_envs_check_too(cluster, unix_users):
+    # the check runs in the user's own sbatch (the submit host), not as root
+    user = unix_users("spank")
+    before = known_jobs(cluster)
+    argv = ["sbatch", "--parsable", "--chdir=/tmp", "-o", "/dev/null", "--mem=50"]
+    typo = slurm(cluster, *user.argv([*argv, "--recovery=dmeo:action", "--wrap", "true"]))
+    assert refusal_problems("dmeo:action", "environment 'dmeo' is not allowed", typo) == []
+    assert known_jobs(cluster) == before, "the refused job was queued"
+    known = slurm(cluster, *user.argv([*argv, "--recovery=prod", "--wrap", "true"]))
+    assert known.returncode == 0, known.stderr
+    assert known_jobs(cluster) == before + 1
 
 
 def test_bare_recovery_gets_default_env_and_prolog_sees_null(cluster, hooks_dir):

@@ -1031,10 +1031,12 @@ def test_drain_node(store, clock):
     assert rec.status == "done"
     assert slurm.calls == Counter(drain_node=1)
     node = slurm.get_node("gpu3")
-    assert node.drained and node.reason.startswith(f"recovery: {rec_id}")
+    assert node.drained and node.reason == f"rcv:xid #{rec_id}" and len(node.reason) <= 20
     assert node.reason == drain_reason(rec_id, "xid") and ours(node.reason)
     row = store.node("gpu3")
-    assert row["drained_by_us"] == 1 and row["drain_reason"] == node.reason
+    # Slurm shows the short reason; the store keeps it (to know the drain) and the full one
+    assert row["drained_by_us"] == 1 and row["drain_slurm_reason"] == node.reason
+    assert row["drain_reason"] == f"recovery #{rec_id} xid: XID 79"
     assert row["drained_at"] == clock[0]
     assert steps(store, rec_id) == [("drain", "started"), ("drain", "ok")]
 

@@ -174,8 +174,11 @@ A commented example is [`etc/recovery.toml`](../etc/recovery.toml).
 * **Strict.** An unknown section, an unknown key or a bad value stops the agent
   and `recovery-ctl` with a message that names the key. `recovery-ctl check` and
   `recovery-ctl show config` show what was loaded.
-* **Durations** are seconds (`90`, `0.5`) or a number with a unit: `500ms`,
-  `90s`, `20m`, `2h`, `1d`.
+* **Durations** are a number with a unit (`500ms`, `90s`, `1.5h`, `1d`), several
+  whole units largest first (`1h30m`, `2d4h`), or Slurm's time forms `MM:SS`,
+  `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS` (`"01:30:00"`, `"2-00"`). A bare
+  number (`90`, `0.5`) is **seconds**, as it always was here; Slurm's `--time`
+  reads a bare number as minutes, so write `30m` or `"30:00"` for minutes.
 * **Lists** (`api.hook_uids`, `agent.log_roots`, ...) are comma-separated strings.
 
 ## Environment variables

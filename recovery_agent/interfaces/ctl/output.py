@@ -129,6 +129,10 @@ def _parse_time(text: str | None) -> float | None:
     """``--since``: an ISO date/time, or a duration back from now (30m, 2h, 7d)."""
     if not text:
         return None
+    if ":" in text and not any(c in text for c in "-T "):
+        # 09:30 is a time of day to sacct, a duration (MM:SS) to parse_duration
+        raise click.BadParameter(f"{text!r} could be a time of day or a duration: write "
+                                 "2026-11-29T09:30, or a duration such as 30m or 0-09:30")
     try:
         return time.time() - parse_duration(text, "--since/--until")
     except RecoveryError:

@@ -98,7 +98,8 @@ def show_job(job_id: str, config_path, db_path, url, as_json: bool) -> None:
         return
     row = detail["job"]
     click.secho(f"JobId={row['job_id']} Name={row['name'] or '-'} User={row['user'] or '-'} "
-                f"Env={row['env']} Mode={row.get('effective_mode') or row['mode'] or '-'} "
+                f"Env={row['env']}{' EnvKnown=no' if row.get('env_known') is False else ''} "
+                f"Mode={row.get('effective_mode') or row['mode'] or '-'} "
                 f"State={row['state']} "
                 f"Restarts={row['restart_count']}", bold=True)
     for a in detail["attempts"]:
