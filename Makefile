@@ -95,13 +95,17 @@ clean:
 # ---- site installation (docs/install.md) -----------------------------------
 # make install [PREFIX=/opt/slurm-recovery] [DESTDIR=/tmp/stage]: a self-contained
 # virtualenv at PREFIX with the agent, recovery-ctl and the hooks (from a wheel
-# built from this checkout), the SPANK plugin and its plugstack.conf.d line, the
-# hook wrappers, the systemd units and /etc/slurm-recovery/recovery.toml (never
-# overwritten). make uninstall removes it again; make deb packages it for Debian.
+# built from this checkout), links to recovery-ctl and recovery-agent in BINDIR and
+# SBINDIR, the SPANK plugin and its plugstack.conf.d line, the hook wrappers, the
+# systemd units and /etc/slurm-recovery/recovery.toml (never overwritten). make
+# uninstall removes it again; make deb packages it for Debian.
 PREFIX           ?= /opt/slurm-recovery
 SYSCONFDIR       ?= /etc
 SYSTEMD_UNIT_DIR ?= /lib/systemd/system
 PLUGSTACK_DIR    ?= /etc/slurm/plugstack.conf.d
+# the links that put recovery-ctl and recovery-agent on PATH (make deb: /usr/bin, /usr/sbin)
+BINDIR           ?= /usr/local/bin
+SBINDIR          ?= /usr/local/sbin
 # the interpreter the virtualenv runs on, at the same path on every host: Debian's
 INSTALL_PYTHON   ?= /usr/bin/python3
 # optional extras (EXTRAS=fast adds hyperscan) and pip options (PIP_ARGS='--no-index
@@ -118,6 +122,7 @@ DEB              := dist/slurm-recovery_$(DEB_VERSION)_$(DEB_ARCH).deb
 COMPILE          ?= 1
 INSTALL_ENV       = DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' SYSCONFDIR='$(SYSCONFDIR)' \
                     SYSTEMD_UNIT_DIR='$(SYSTEMD_UNIT_DIR)' PLUGSTACK_DIR='$(PLUGSTACK_DIR)' \
+                    BINDIR='$(BINDIR)' SBINDIR='$(SBINDIR)' \
                     INSTALL_PYTHON='$(INSTALL_PYTHON)' EXTRAS='$(EXTRAS)' PIP_ARGS='$(PIP_ARGS)' \
                     BUILD_DIR='$(CURDIR)/build/install' FORCE='$(FORCE)' COMPILE='$(COMPILE)'
 
@@ -133,7 +138,7 @@ uninstall:
 
 deb:
 	@rm -rf build/deb
-	@$(MAKE) -s install DESTDIR=$(CURDIR)/build/deb/root COMPILE=0
+	@$(MAKE) -s install DESTDIR=$(CURDIR)/build/deb/root COMPILE=0 BINDIR=/usr/bin SBINDIR=/usr/sbin
 	@PREFIX='$(PREFIX)' SYSCONFDIR='$(SYSCONFDIR)' PLUGSTACK_DIR='$(PLUGSTACK_DIR)' \
 	  VERSION='$(VERSION)' ARCH='$(DEB_ARCH)' sh packaging/debian/build-deb.sh \
 	  build/deb/root $(DEB)

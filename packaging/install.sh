@@ -5,7 +5,7 @@
 #   packaging/install.sh uninstall   remove what `install` put there
 #
 # Settings come from the environment (the Makefile sets each one):
-#   DESTDIR PREFIX SYSCONFDIR SYSTEMD_UNIT_DIR PLUGSTACK_DIR INSTALL_PYTHON
+#   DESTDIR PREFIX SYSCONFDIR SYSTEMD_UNIT_DIR PLUGSTACK_DIR BINDIR SBINDIR INSTALL_PYTHON
 #   SPANK_SO EXTRAS PIP_ARGS BUILD_DIR FORCE COMPILE
 #
 # The virtualenv is made at a staging path, then its few absolute paths (the
@@ -21,6 +21,8 @@ set -eu
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 : "${DESTDIR:=}" "${PREFIX:=/opt/slurm-recovery}" "${SYSCONFDIR:=/etc}"
 : "${SYSTEMD_UNIT_DIR:=/lib/systemd/system}" "${PLUGSTACK_DIR:=/etc/slurm/plugstack.conf.d}"
+# where the links that put recovery-ctl and recovery-agent on PATH go
+: "${BINDIR:=/usr/local/bin}" "${SBINDIR:=/usr/local/sbin}"
 : "${INSTALL_PYTHON:=/usr/bin/python3}" "${SPANK_SO:=$SRC/spank/slurm_recovery.so}"
 : "${EXTRAS:=}" "${PIP_ARGS:=}" "${BUILD_DIR:=$SRC/build}" "${FORCE:=}"
 # COMPILE=0: no bytecode in the tree (the .deb compiles it in its postinst instead)
@@ -163,6 +165,17 @@ install_conf() {   # KIND SRC DEST: never overwrite an admin's file; the new one
     fi
 }
 
+link_command() {   # DIR NAME: DIR/NAME -> PREFIX/bin/NAME, unless DIR/NAME is someone else's
+    make_dir "$1"
+    link=$DESTDIR$1/$2
+    if { [ -e "$link" ] || [ -L "$link" ]; } && [ "$(readlink "$link")" != "$PREFIX/bin/$2" ]; then
+        say "kept $1/$2, which is not our link to $PREFIX/bin/$2"
+        return
+    fi
+    ln -sfn "$PREFIX/bin/$2" "$link"
+    record file "$1/$2"
+}
+
 install_outside() {
     tmp=$BUILD_DIR/outside
     rm -rf "$tmp" && mkdir -p "$tmp"
@@ -173,6 +186,8 @@ install_outside() {
         install -m 0644 "$tmp/$unit" "$DESTDIR$SYSTEMD_UNIT_DIR/$unit"
         record file "$SYSTEMD_UNIT_DIR/$unit"
     done
+    link_command "$BINDIR" recovery-ctl
+    link_command "$SBINDIR" recovery-agent
     install_conf conf "$SRC/etc/recovery.toml" "$CONFDIR/recovery.toml"
     install_conf snippet "$1/share/slurm-recovery/plugstack.conf" "$PLUGSTACK_DIR/slurm-recovery.conf"
 }

@@ -82,10 +82,13 @@ depends="$depends slurm-client | slurmd"
 
 # ---- on PATH, with manual pages ------------------------------------------------
 doc=$root/usr/share/doc/slurm-recovery
-install -d "$root/usr/bin" "$root/usr/sbin" "$root/usr/share/man/man1" \
-    "$root/usr/share/man/man8" "$doc" "$root/usr/share/lintian/overrides"
-ln -s "$PREFIX/bin/recovery-ctl" "$root/usr/bin/recovery-ctl"
-ln -s "$PREFIX/bin/recovery-agent" "$root/usr/sbin/recovery-agent"
+# make install made the links (the Makefile's deb target: BINDIR=/usr/bin SBINDIR=/usr/sbin)
+for link in usr/bin/recovery-ctl usr/sbin/recovery-agent; do
+    [ "$(readlink "$root/$link")" = "$PREFIX/bin/${link##*/}" ] ||
+        die "no /$link -> $PREFIX/bin/${link##*/} in the tree (make deb sets BINDIR and SBINDIR)"
+done
+install -d "$root/usr/share/man/man1" "$root/usr/share/man/man8" "$doc" \
+    "$root/usr/share/lintian/overrides"
 manpage() {   # NAME MODULE:ATTR SECTION SUMMARY
     "$root$PREFIX/bin/python" -B "$here/manpage.py" "$1" "$2" "$3" "$VERSION" "$date" "$4" |
         gzip -9n >"$root/usr/share/man/man$3/$1.$3.gz"

@@ -124,6 +124,9 @@ def test_install_lays_out_the_tree(tree):
     stage, final = tree
     for name in ("recovery-agent", "recovery-ctl", *HOOKS.values()):
         assert os.access(final / "bin" / name, os.X_OK), name
+    # on PATH through links (BINDIR, SBINDIR)
+    assert os.readlink(stage / "usr/local/bin/recovery-ctl") == f"{final}/bin/recovery-ctl"
+    assert os.readlink(stage / "usr/local/sbin/recovery-agent") == f"{final}/bin/recovery-agent"
     # what built the tree, and our dependencies' commands, stay out of it
     assert venv_commands(final / "bin") == OURS
     site = next(final.glob("lib/python3*/site-packages"))
@@ -256,6 +259,7 @@ def test_uninstall_removes_what_install_added(tree, tmp_path):
                  "/etc/slurm-recovery/plugstack.conf.saved", "/var/lib/slurm-recovery/"):
         assert line in out, out
     assert not (dest / "lib").exists() and not (dest / "tmp").exists()
+    assert not (dest / "usr").exists()          # the links to recovery-ctl and recovery-agent
 
 
 @needs_tools
