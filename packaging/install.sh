@@ -10,10 +10,11 @@
 #
 # The virtualenv is made at a staging path, then its few absolute paths (the
 # scripts' #! lines, activate, pyvenv.cfg, the paths compiled into .pyc files)
-# are rewritten to $PREFIX, and only then moved into place. The tree holds what
-# runs on a site and nothing else: pip and setuptools, which only built it, and the
-# commands our dependencies bring (uvicorn, fastapi, normalizer, ...) are taken out. So one tree works
+# are rewritten to $PREFIX, and only then moved into place. So one tree works
 # at $PREFIX whatever DESTDIR was, and an upgrade swaps the whole tree at once.
+# The tree holds what runs on a site and nothing else: pip and setuptools, which
+# only built it, and the commands our dependencies bring (uvicorn, fastapi,
+# normalizer, hostlist, ...) are taken out.
 # What lands outside $PREFIX is listed in $PREFIX/share/slurm-recovery/install-manifest,
 # which `uninstall` reads.
 set -eu

@@ -61,7 +61,7 @@ slurm=$(printf '%d.%02d' "0x${hex%????}" "0x$(echo "$hex" | cut -c3-4)")
 # Every extension module stripped here is imported again afterwards.
 stripped=
 for so in $(find "$root" -type f -name '*.so*' ! -path '*.libs/*' | LC_ALL=C sort); do
-    file -b "$so" | grep -q 'ELF.*not stripped' || continue
+    readelf -S -W "$so" 2>/dev/null | grep -q '[[:space:]]\.symtab[[:space:]]' || continue
     strip --strip-unneeded --remove-section=.comment --remove-section=.note "$so"
     stripped="$stripped $so"
 done
