@@ -95,13 +95,17 @@ clean:
 # ---- site installation (docs/install.md) -----------------------------------
 # make install [PREFIX=/opt/slurm-recovery] [DESTDIR=/tmp/stage]: a self-contained
 # virtualenv at PREFIX with the agent, recovery-ctl and the hooks (from a wheel
-# built from this checkout), the SPANK plugin and its plugstack.conf.d line, the
-# hook wrappers, the systemd units and /etc/slurm-recovery/recovery.toml (never
-# overwritten). make uninstall removes it again; make deb packages it for Debian.
+# built from this checkout), links to recovery-ctl and recovery-agent in BINDIR and
+# SBINDIR, the SPANK plugin and its plugstack.conf.d line, the hook wrappers, the
+# systemd units and /etc/slurm-recovery/recovery.toml (never overwritten). make
+# uninstall removes it again; make deb packages it for Debian.
 PREFIX           ?= /opt/slurm-recovery
 SYSCONFDIR       ?= /etc
 SYSTEMD_UNIT_DIR ?= /lib/systemd/system
 PLUGSTACK_DIR    ?= /etc/slurm/plugstack.conf.d
+# the links that put recovery-ctl and recovery-agent on PATH (make deb: /usr/bin, /usr/sbin)
+BINDIR           ?= /usr/local/bin
+SBINDIR          ?= /usr/local/sbin
 # the interpreter the virtualenv runs on, at the same path on every host: Debian's
 INSTALL_PYTHON   ?= /usr/bin/python3
 # optional extras (EXTRAS=fast adds hyperscan) and pip options (PIP_ARGS='--no-index
@@ -109,12 +113,18 @@ INSTALL_PYTHON   ?= /usr/bin/python3
 EXTRAS           ?=
 PIP_ARGS         ?=
 VERSION          := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+# the package's version: VERSION and a Debian revision, from the changelog's top
+# entry (packaging/debian/build-deb.sh refuses one that is not VERSION-N)
+DEB_VERSION      := $(shell head -n 1 packaging/debian/changelog | cut -d' ' -f2 | tr -d '()')
 DEB_ARCH         := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
-DEB              := dist/slurm-recovery_$(VERSION)_$(DEB_ARCH).deb
+DEB              := dist/slurm-recovery_$(DEB_VERSION)_$(DEB_ARCH).deb
+# COMPILE=0: no bytecode in the tree (make deb: its postinst compiles it)
+COMPILE          ?= 1
 INSTALL_ENV       = DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' SYSCONFDIR='$(SYSCONFDIR)' \
                     SYSTEMD_UNIT_DIR='$(SYSTEMD_UNIT_DIR)' PLUGSTACK_DIR='$(PLUGSTACK_DIR)' \
+                    BINDIR='$(BINDIR)' SBINDIR='$(SBINDIR)' \
                     INSTALL_PYTHON='$(INSTALL_PYTHON)' EXTRAS='$(EXTRAS)' PIP_ARGS='$(PIP_ARGS)' \
-                    BUILD_DIR='$(CURDIR)/build/install' FORCE='$(FORCE)'
+                    BUILD_DIR='$(CURDIR)/build/install' FORCE='$(FORCE)' COMPILE='$(COMPILE)'
 
 .PHONY: install uninstall deb install-test
 
@@ -128,16 +138,18 @@ uninstall:
 
 deb:
 	@rm -rf build/deb
-	@$(MAKE) -s install DESTDIR=$(CURDIR)/build/deb/root
+	@$(MAKE) -s install DESTDIR=$(CURDIR)/build/deb/root COMPILE=0 BINDIR=/usr/bin SBINDIR=/usr/sbin
 	@PREFIX='$(PREFIX)' SYSCONFDIR='$(SYSCONFDIR)' PLUGSTACK_DIR='$(PLUGSTACK_DIR)' \
 	  VERSION='$(VERSION)' ARCH='$(DEB_ARCH)' sh packaging/debian/build-deb.sh \
 	  build/deb/root $(DEB)
 
 # the .deb in a fresh debootstrap chroot of Debian 12, down to a dev cluster that
-# recovers a job with the installed hooks (needs root and the Debian mirror; about
-# two minutes, one with the chroot cached in build/install-test/): pytest -m install
+# recovers a job with the installed hooks, and lintian over it (needs root and the
+# Debian mirror; about two minutes, one with the chroot cached in
+# build/install-test/): pytest -m install
 install-test: deps deb
-	@command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive $(SUDO) \
-	  apt-get install -y -qq --no-install-recommends debootstrap
+	@command -v debootstrap >/dev/null && command -v lintian >/dev/null || \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	  debootstrap lintian
 	RECOVERY_DEB=$(CURDIR)/$(DEB) $(BIN)/python -m pytest -m install \
 	  tests/integration/test_install_chroot.py $(PYTEST_ARGS)

@@ -5,13 +5,16 @@
 #   packaging/install.sh uninstall   remove what `install` put there
 #
 # Settings come from the environment (the Makefile sets each one):
-#   DESTDIR PREFIX SYSCONFDIR SYSTEMD_UNIT_DIR PLUGSTACK_DIR INSTALL_PYTHON
-#   SPANK_SO EXTRAS PIP_ARGS BUILD_DIR FORCE
+#   DESTDIR PREFIX SYSCONFDIR SYSTEMD_UNIT_DIR PLUGSTACK_DIR BINDIR SBINDIR INSTALL_PYTHON
+#   SPANK_SO EXTRAS PIP_ARGS BUILD_DIR FORCE COMPILE
 #
 # The virtualenv is made at a staging path, then its few absolute paths (the
 # scripts' #! lines, activate, pyvenv.cfg, the paths compiled into .pyc files)
 # are rewritten to $PREFIX, and only then moved into place. So one tree works
 # at $PREFIX whatever DESTDIR was, and an upgrade swaps the whole tree at once.
+# The tree holds what runs on a site and nothing else: pip and setuptools, which
+# only built it, and the commands our dependencies bring (uvicorn, fastapi,
+# normalizer, hostlist, ...) are taken out.
 # What lands outside $PREFIX is listed in $PREFIX/share/slurm-recovery/install-manifest,
 # which `uninstall` reads.
 set -eu
@@ -19,8 +22,12 @@ set -eu
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 : "${DESTDIR:=}" "${PREFIX:=/opt/slurm-recovery}" "${SYSCONFDIR:=/etc}"
 : "${SYSTEMD_UNIT_DIR:=/lib/systemd/system}" "${PLUGSTACK_DIR:=/etc/slurm/plugstack.conf.d}"
+# where the links that put recovery-ctl and recovery-agent on PATH go
+: "${BINDIR:=/usr/local/bin}" "${SBINDIR:=/usr/local/sbin}"
 : "${INSTALL_PYTHON:=/usr/bin/python3}" "${SPANK_SO:=$SRC/spank/slurm_recovery.so}"
 : "${EXTRAS:=}" "${PIP_ARGS:=}" "${BUILD_DIR:=$SRC/build}" "${FORCE:=}"
+# COMPILE=0: no bytecode in the tree (the .deb compiles it in its postinst instead)
+: "${COMPILE:=1}"
 
 ROOT=$DESTDIR$PREFIX
 MANIFEST_REL=share/slurm-recovery/install-manifest
@@ -68,11 +75,31 @@ relocate() {   # rewrite the staging path to PREFIX in the venv's text files
         [ -f "$file" ] && [ ! -L "$file" ] && grep -qIF "$stage" "$file" || continue
         sed -i "s|$pattern|$PREFIX|g" "$file"
     done
-    "$stage/bin/python" -m compileall -q -f -j 0 -s "$stage" -p "$PREFIX" "$stage/lib" \
-        >"$BUILD_DIR/compileall.log" 2>&1 ||
+    [ "$COMPILE" = 0 ] ||
+        "$stage/bin/python" -m compileall -q -f -j 0 -s "$stage" -p "$PREFIX" "$stage/lib" \
+            >"$BUILD_DIR/compileall.log" 2>&1 ||
         say "note: some files did not byte-compile (see $BUILD_DIR/compileall.log)"
     left=$(grep -rlIF --exclude='*.pyc' "$stage" "$stage" || true)
     [ -z "$left" ] || die "staging path left in: $left"
+}
+
+prune() {   # what only built the tree, and commands that are not ours
+    stage=$1
+    "$stage/bin/python" -m pip uninstall -q -y --disable-pip-version-check pip setuptools wheel \
+        >"$BUILD_DIR/prune.log" 2>&1 || { cat "$BUILD_DIR/prune.log" >&2; die "pip uninstall failed"; }
+    set -- "$stage"/lib/python3*/site-packages/slurm_recovery-*.dist-info/entry_points.txt
+    [ -f "$1" ] || die "no entry_points.txt in the installed slurm-recovery"
+    ours=$(sed -n '/^\[console_scripts\]/,/^\[/s/^\([A-Za-z0-9_.-]*\) *=.*/\1/p' "$1" | tr '\n' ' ')
+    [ -n "$ours" ] || die "no console_scripts in $1"
+    for file in "$stage"/bin/*; do
+        name=${file##*/}
+        case " $ours" in *" $name "*) continue ;; esac
+        case "$name" in
+            python|python3|python3.*|activate|activate.*|Activate.ps1) ;;   # the venv's own
+            *) rm -f "$file" ;;
+        esac
+    done
+    rm -rf "$stage/share/man"   # the pages of those commands (python-hostlist's)
 }
 
 make_tree() {   # the whole PREFIX tree, at a staging path
@@ -84,6 +111,7 @@ make_tree() {   # the whole PREFIX tree, at a staging path
         "$WHEEL${EXTRAS:+[$EXTRAS]}"
     [ -d "$stage/share/slurm-recovery/patterns" ] ||
         die "the wheel did not install the pattern packs (pyproject data-files)"
+    prune "$stage"
     relocate "$stage"
     install -D -m 0755 "$SPANK_SO" "$stage/lib/slurm-recovery/slurm_recovery.so"
     install -d "$stage/libexec" "$stage/share/doc/slurm-recovery/docs"
@@ -138,6 +166,17 @@ install_conf() {   # KIND SRC DEST: never overwrite an admin's file; the new one
     fi
 }
 
+link_command() {   # DIR NAME: DIR/NAME -> PREFIX/bin/NAME, unless DIR/NAME is someone else's
+    make_dir "$1"
+    link=$DESTDIR$1/$2
+    if { [ -e "$link" ] || [ -L "$link" ]; } && [ "$(readlink "$link")" != "$PREFIX/bin/$2" ]; then
+        say "kept $1/$2, which is not our link to $PREFIX/bin/$2"
+        return
+    fi
+    ln -sfn "$PREFIX/bin/$2" "$link"
+    record file "$1/$2"
+}
+
 install_outside() {
     tmp=$BUILD_DIR/outside
     rm -rf "$tmp" && mkdir -p "$tmp"
@@ -148,6 +187,8 @@ install_outside() {
         install -m 0644 "$tmp/$unit" "$DESTDIR$SYSTEMD_UNIT_DIR/$unit"
         record file "$SYSTEMD_UNIT_DIR/$unit"
     done
+    link_command "$BINDIR" recovery-ctl
+    link_command "$SBINDIR" recovery-agent
     install_conf conf "$SRC/etc/recovery.toml" "$CONFDIR/recovery.toml"
     install_conf snippet "$1/share/slurm-recovery/plugstack.conf" "$PLUGSTACK_DIR/slurm-recovery.conf"
 }

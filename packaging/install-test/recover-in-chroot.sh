@@ -86,8 +86,8 @@ excluded=$(field ExcNodeList)
 [ "$restarts" -ge 1 ] || die "job $job completed without a restart"
 [ "$excluded" = "$bad" ] || die "job $job excluded '$excluded', not $bad"
 sinfo -h -n "$bad" -o '%T %E' | grep -q 'rcv:' || die "$bad was not drained by us"
-"$prefix/bin/recovery-ctl" audit --job "$job"
+recovery-ctl audit --job "$job"   # /usr/bin/recovery-ctl, the package's link
 
 say "recovery-ctl check"
-"$prefix/bin/recovery-ctl" check
+recovery-ctl check
 echo "RECOVERED job=$job restarts=$restarts excluded=$excluded"

@@ -4,9 +4,12 @@ A debootstrap chroot (minbase, bookworm) made by the test; the package's
 dependencies (and Debian's slurmctld and slurmd) are installed first and the
 file system is listed, then the .deb is installed, used, upgraded over an older
 store, made to recover a job on a dev cluster wired to its installed hooks,
-removed and purged, and the listing must come back as it was. Behind ``-m
-install`` (``make install-test``): it needs root, debootstrap, unshare and ip,
-and the Debian mirror; about a minute with the chroot cached, a few without.
+removed and purged, and the listing must come back as it was (bytecode
+included: the postinst compiles it, the prerm removes it). lintian, on the
+host, must find no error or warning that packaging/debian/lintian-overrides
+does not explain. Behind ``-m install`` (``make install-test``): it needs root,
+debootstrap, unshare, ip and lintian, and the Debian mirror; about a minute with
+the chroot cached, a few without.
 
 Environment: RECOVERY_DEB (the package; else dist/ after ``make deb``),
 RECOVERY_DEBIAN_MIRROR (default deb.debian.org), RECOVERY_CHROOT_CACHE (a tar
@@ -14,6 +17,7 @@ of the bare chroot, reused when present; default build/install-test/).
 """
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import shutil
@@ -30,6 +34,8 @@ pytestmark = pytest.mark.install
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+# the package's: VERSION and the Debian revision of the changelog's top entry
+DEB_VERSION = (REPO / "packaging/debian/changelog").read_text().split()[1].strip("()")
 MIRROR = os.environ.get("RECOVERY_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 CACHE = Path(os.environ.get("RECOVERY_CHROOT_CACHE",
                             REPO / "build" / "install-test" / "bookworm-minbase.tar"))
@@ -77,14 +83,15 @@ def depends(deb: Path) -> list[str]:
 
 def listing(root: Path) -> set[str]:
     """Every path under the chroot outside NOISE, whose trees are not even
-    walked (a mounted /proc changes, and errors, under a walk)."""
+    walked (a mounted /proc changes, and errors, under a walk). Bytecode counts:
+    what the package compiled, it must take away."""
     out = set()
     for top, dirs, files in os.walk(root):
         rel_top = "/" + os.path.relpath(top, root) if top != str(root) else ""
         dirs[:] = [d for d in dirs if not f"{rel_top}/{d}".startswith(NOISE)]
         for name in [*dirs, *files]:
             rel = f"{rel_top}/{name}"
-            if not rel.startswith(NOISE) and not rel.endswith(".pyc") and "__pycache__" not in rel:
+            if not rel.startswith(NOISE):
                 out.add(rel)
     return out
 
@@ -95,7 +102,7 @@ def deb() -> Path:
         return Path(os.environ["RECOVERY_DEB"])
     arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True,
                           check=True).stdout.strip()
-    path = REPO / "dist" / f"slurm-recovery_{VERSION}_{arch}.deb"
+    path = REPO / "dist" / f"slurm-recovery_{DEB_VERSION}_{arch}.deb"
     if not path.is_file():
         subprocess.run(["make", "-s", "-C", str(REPO), "deb"], check=True, timeout=900)
     return path
@@ -131,18 +138,72 @@ def chroot(tmp_path_factory, deb):
 def test_the_package_installs_next_to_debians_slurm(chroot):
     root, _ = chroot
     status = sh(root, "dpkg-query -W -f='${Status} ${Version}' slurm-recovery").stdout
-    assert status == f"install ok installed {VERSION}"
+    assert status == f"install ok installed {DEB_VERSION}"
+    assert DEB_VERSION.startswith(f"{VERSION}-")
     assert (root / "etc/slurm/plugstack.conf.d/slurm-recovery.conf").is_file()
     assert (root / "lib/systemd/system/slurm-recovery-agent.service").is_file()
 
 
-def test_recovery_ctl_and_the_agent_run(chroot):
+def test_recovery_ctl_and_the_agent_run_from_path(chroot):
     root, _ = chroot
-    for argv in ("recovery-ctl --help", "recovery-agent --help", "recovery-ctl show config"):
-        out = sh(root, f"/opt/slurm-recovery/bin/{argv}").stdout
-        assert out.strip(), argv
-    config = sh(root, "/opt/slurm-recovery/bin/recovery-ctl show config").stdout
+    for argv in ("recovery-ctl --help", "recovery-agent --help"):
+        out = sh(root, argv).stdout      # PATH is /usr/sbin:/usr/bin:/sbin:/bin
+        assert out.startswith("Usage: "), argv
+    assert sh(root, "command -v recovery-ctl").stdout.strip() == "/usr/bin/recovery-ctl"
+    assert sh(root, "command -v recovery-agent").stdout.strip() == "/usr/sbin/recovery-agent"
+    config = sh(root, "recovery-ctl show config").stdout
     assert "/var/lib/slurm-recovery" in config
+    # an unprivileged user runs it too (the postinst's bytecode, nothing written)
+    assert sh(root, "setpriv --reuid=65534 --regid=65534 --clear-groups recovery-ctl --help"
+              ).stdout.startswith("Usage: ")
+
+
+def test_the_postinst_compiled_the_bytecode_the_package_does_not_ship(chroot, deb):
+    root, _ = chroot
+    shipped = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True,
+                             check=True).stdout
+    assert "__pycache__" not in shipped and ".pyc" not in shipped
+    site = next((root / "opt/slurm-recovery/lib").glob("python3*/site-packages"))
+    assert list(site.glob("recovery_agent/__pycache__/*.cpython-*.pyc"))
+    assert list(site.glob("fastapi/__pycache__/*.pyc"))
+    owned = sh(root, "dpkg -L slurm-recovery").stdout
+    assert "__pycache__" not in owned
+
+
+def test_the_installed_package_has_no_installer_nor_foreign_commands(chroot):
+    root, _ = chroot
+    prefix = root / "opt/slurm-recovery"
+    ours = sorted(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"])
+    commands = sorted(p.name for p in (prefix / "bin").iterdir()
+                      if not re.fullmatch(r"python(3(\.\d+)?)?|activate(\..*)?|Activate\.ps1",
+                                          p.name))
+    assert commands == ours
+    assert sh(root, "/opt/slurm-recovery/bin/python -m pip --version", check=False).returncode
+    owned = sh(root, "dpkg -L slurm-recovery").stdout
+    assert "devcluster" not in owned and "recovery_devtools" not in owned
+    so = root / "opt/slurm-recovery/lib/slurm-recovery/slurm_recovery.so"
+    sections = subprocess.run(["readelf", "-S", "-W", str(so)], capture_output=True, text=True,
+                              check=True).stdout
+    assert ".text" in sections and ".symtab" not in sections
+    changelog = root / "usr/share/doc/slurm-recovery/changelog.Debian.gz"
+    assert changelog.is_file()
+    assert gzip.decompress(changelog.read_bytes()).decode().startswith(
+        f"slurm-recovery ({DEB_VERSION}) ")
+
+
+def test_lintian_finds_nothing_the_overrides_do_not_explain(deb):
+    """Every error and warning lintian prints fails the test (informational tags
+    do not); an override that no longer matches anything is reported by lintian
+    as an unused override, which fails it too."""
+    if not shutil.which("lintian"):
+        pytest.fail("lintian is not installed: apt-get install lintian (make install-test does)")
+    proc = subprocess.run(["lintian", "--tag-display-limit", "0", "--fail-on", "none",
+                           "--display-info", str(deb)], capture_output=True, text=True, timeout=600)
+    tags = [line for line in proc.stdout.splitlines()
+            if re.match(r"[EW]: ", line) or "unused-override" in line
+            or "mismatched-override" in line]
+    assert not tags, "lintian:\n" + "\n".join(tags[:60])
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_the_hooks_fail_open_without_an_agent(chroot):
@@ -181,6 +242,9 @@ db["jobs"].insert({"cluster": "c", "job_id": "1", "submit_time": 5})
 EOF""")
     out = sh(root, f"dpkg -i {PKG}")
     assert "backed up /var/lib/slurm-recovery/recovery.db" in out.stderr + out.stdout
+    # the old prerm removed the bytecode, the new postinst compiled it again
+    assert list(root.glob("opt/slurm-recovery/lib/python3*/site-packages/"
+                          "recovery_agent/__pycache__/*.pyc"))
     backups = list((root / "var/lib/slurm-recovery").glob("recovery.db.backup-*"))
     assert len(backups) == 1
     counts = sh(root, f"""/opt/slurm-recovery/bin/python - <<'EOF'
@@ -232,8 +296,10 @@ def test_remove_waits_for_slurm_conf_then_purge_leaves_it_as_it_was(chroot):
     assert refused.returncode != 0 and "scontrol reconfigure" in refused.stderr
     assert (root / "opt/slurm-recovery/bin/recovery-ctl").exists()
     conf.unlink()
-    sh(root, "apt-get remove -y -qq slurm-recovery")
+    removed = sh(root, "apt-get remove -y -qq slurm-recovery")
+    assert "not empty" not in removed.stderr + removed.stdout   # dpkg left no directory
     assert not (root / "opt/slurm-recovery").exists()
+    assert not (root / "usr/bin/recovery-ctl").exists()
     assert not (root / "etc/slurm/plugstack.conf.d/slurm-recovery.conf").exists()
     assert not (root / "lib/systemd/system/slurm-recovery-agent.service").exists()
     assert (root / "etc/slurm-recovery/recovery.toml").is_file()        # remove keeps

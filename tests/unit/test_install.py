@@ -9,6 +9,7 @@ reinstall over an install is a third, behind ``-m slow``.
 from __future__ import annotations
 
 import configparser
+import gzip
 import os
 import re
 import shlex
@@ -25,7 +26,12 @@ from recovery_agent import config
 from recovery_agent.detect import patterns
 
 REPO = Path(__file__).resolve().parents[2]
-VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+VERSION = PROJECT["version"]
+CHANGELOG = REPO / "packaging" / "debian" / "changelog"
+# the package's version: the changelog's top entry, VERSION plus a Debian revision
+DEB_VERSION = CHANGELOG.read_text().split("\n", 1)[0].split()[1].strip("()")
+OURS = sorted(PROJECT["scripts"])
 UNITS = ("slurm-recovery-agent.service", "slurm-recovery-watchdog.service",
          "slurm-recovery-watchdog.timer")
 HOOKS = {"prolog.sh": "recovery-prolog", "epilog.sh": "recovery-epilog",
@@ -61,6 +67,12 @@ def unit(path: Path) -> configparser.ConfigParser:
     parser.optionxform = str
     parser.read(path)
     return parser
+
+
+def venv_commands(bin_dir: Path) -> list[str]:
+    """bin/ less the virtualenv's own interpreter links and activate scripts."""
+    return sorted(p.name for p in bin_dir.iterdir()
+                  if not re.fullmatch(r"python(3(\.\d+)?)?|activate(\..*)?|Activate\.ps1", p.name))
 
 
 def text_files(root: Path):
@@ -112,6 +124,13 @@ def test_install_lays_out_the_tree(tree):
     stage, final = tree
     for name in ("recovery-agent", "recovery-ctl", *HOOKS.values()):
         assert os.access(final / "bin" / name, os.X_OK), name
+    # on PATH through links (BINDIR, SBINDIR)
+    assert os.readlink(stage / "usr/local/bin/recovery-ctl") == f"{final}/bin/recovery-ctl"
+    assert os.readlink(stage / "usr/local/sbin/recovery-agent") == f"{final}/bin/recovery-agent"
+    # what built the tree, and our dependencies' commands, stay out of it
+    assert venv_commands(final / "bin") == OURS
+    site = next(final.glob("lib/python3*/site-packages"))
+    assert not [p.name for p in site.iterdir() if p.name.split("-")[0] in ("pip", "setuptools")]
     # the developer tools (tools/) stay out of what sites install
     assert not (final / "bin" / "recovery-devcluster").exists()
     assert not list(final.glob("lib/python3*/site-packages/recovery_devtools"))
@@ -240,6 +259,7 @@ def test_uninstall_removes_what_install_added(tree, tmp_path):
                  "/etc/slurm-recovery/plugstack.conf.saved", "/var/lib/slurm-recovery/"):
         assert line in out, out
     assert not (dest / "lib").exists() and not (dest / "tmp").exists()
+    assert not (dest / "usr").exists()          # the links to recovery-ctl and recovery-agent
 
 
 @needs_tools
@@ -286,7 +306,7 @@ def deb():
     make("deb")
     arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True,
                           check=True).stdout.strip()
-    path = REPO / "dist" / f"slurm-recovery_{VERSION}_{arch}.deb"
+    path = REPO / "dist" / f"slurm-recovery_{DEB_VERSION}_{arch}.deb"
     assert path.is_file()
     return path
 
@@ -300,7 +320,13 @@ def dpkg_deb(*args: str) -> str:
 def test_deb_control_fields(deb):
     fields = dict(line.split(": ", 1) for line in dpkg_deb("-f", str(deb)).splitlines()
                   if ": " in line and not line.startswith(" "))
-    assert fields["Package"] == "slurm-recovery" and fields["Version"] == VERSION
+    assert fields["Package"] == "slurm-recovery" and fields["Version"] == DEB_VERSION
+    # pyproject's one version, plus a Debian revision (not a native package)
+    assert re.fullmatch(re.escape(VERSION) + r"-\d+", fields["Version"]), fields["Version"]
+    author = PROJECT["authors"][0]
+    assert fields["Maintainer"] == f"{author['name']} <{author['email']}>"
+    assert not re.search(r"@(example\.(org|com|net)|localhost|invalid)\b|\.invalid>|<>",
+                         fields["Maintainer"]), fields["Maintainer"]
     depends = fields["Depends"]
     for dep in ("python3 (>= 3.11)", "python3 (<< 3.12)", "munge",
                 "slurm-wlm-basic-plugins (>= 22.05)", "slurm-client | slurmd"):
@@ -331,3 +357,104 @@ def test_deb_contents_and_maintainer_scripts(deb, tmp_path):
         path = root / "DEBIAN" / script
         assert os.access(path, os.X_OK) and "@" not in path.read_text(), script
         subprocess.run(["sh", "-n", str(path)], check=True)
+
+
+@needs_tools
+def test_deb_holds_no_bytecode_no_installer_and_only_our_commands(deb):
+    names = [line.split()[5] for line in dpkg_deb("-c", str(deb)).splitlines()]
+    assert not [n for n in names if "__pycache__" in n or n.endswith((".pyc", ".pyo"))]
+    assert not [n for n in names if re.search(r"/site-packages/(pip|setuptools|wheel)[-/]", n)]
+    assert not [n for n in names if "devcluster" in n or "recovery_devtools" in n]
+    in_bin = [n.removeprefix("./opt/slurm-recovery/bin/") for n in names
+              if re.fullmatch(r"\./opt/slurm-recovery/bin/[^/]+", n)]
+    assert sorted(n for n in in_bin if not re.fullmatch(
+        r"python(3(\.\d+)?)?|activate(\..*)?|Activate\.ps1", n)) == OURS
+    assert not [n for n in names if n.startswith("./opt/slurm-recovery/share/man/")]
+
+
+@needs_tools
+def test_deb_puts_recovery_ctl_and_the_agent_on_path_with_man_pages(deb, tmp_path):
+    links = {}
+    for line in dpkg_deb("-c", str(deb)).splitlines():
+        if " -> " in line:
+            name, target = line.split(None, 5)[5].split(" -> ")
+            links[name] = target
+    assert links["./usr/bin/recovery-ctl"] == "/opt/slurm-recovery/bin/recovery-ctl"
+    assert links["./usr/sbin/recovery-agent"] == "/opt/slurm-recovery/bin/recovery-agent"
+    root = tmp_path / "x"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    for page, verb in (("man1/recovery-ctl.1.gz", "watchdog"),
+                       ("man8/recovery-agent.8.gz", "--no-watch")):
+        text = gzip.decompress((root / "usr/share/man" / page).read_bytes()).decode()
+        assert text.startswith(".TH ") and verb.replace("-", "\\-") in text, page
+
+
+@needs_tools
+def test_deb_ships_a_debian_changelog_and_the_lintian_overrides(deb, tmp_path):
+    root = tmp_path / "x"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    doc = root / "usr/share/doc/slurm-recovery"
+    changelog = gzip.decompress((doc / "changelog.Debian.gz").read_bytes()).decode()
+    assert changelog == CHANGELOG.read_text()
+    assert changelog.startswith(f"slurm-recovery ({DEB_VERSION}) ")
+    assert not (doc / "changelog.gz").exists()     # that name is a native package's
+    overrides = (root / "usr/share/lintian/overrides/slurm-recovery").read_text()
+    assert overrides == (REPO / "packaging/debian/lintian-overrides").read_text()
+    lines = overrides.splitlines()
+    for i, line in enumerate(lines):             # every override says why, just above it
+        if line and not line.startswith("#"):
+            assert line.startswith("slurm-recovery: "), line
+            above = next(lines[j] for j in range(i - 1, -1, -1) if not lines[j].startswith(
+                "slurm-recovery: "))
+            assert above.startswith("# "), f"no comment says why: {line}"
+
+
+@needs_tools
+def test_deb_shared_objects_are_stripped(deb, tmp_path):
+    root = tmp_path / "x"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    elves = [p for p in root.rglob("*.so*") if p.is_file() and p.read_bytes()[:4] == b"\x7fELF"]
+    assert root / "opt/slurm-recovery/lib/slurm-recovery/slurm_recovery.so" in elves
+    assert len(elves) > 3     # the plugin and the wheels' extension modules
+    with_symbols = [str(p.relative_to(root)) for p in elves
+                    if ".symtab" in subprocess.run(["readelf", "-S", "-W", str(p)],
+                                                   capture_output=True, text=True,
+                                                   check=True).stdout]
+    assert not with_symbols, with_symbols
+
+
+@needs_tools
+def test_deb_maintainer_scripts_leave_systemd_to_its_debian_helpers(deb, tmp_path):
+    control = tmp_path / "DEBIAN"
+    subprocess.run(["dpkg-deb", "-e", str(deb), str(control)], check=True)
+    scripts = {name: (control / name).read_text() for name in ("postinst", "prerm", "postrm")}
+    for name, text in scripts.items():
+        code = [line.strip() for line in text.splitlines() if not line.strip().startswith("#")]
+        # the one systemctl call debhelper's snippets make too (lintian allows it): the
+        # reload, guarded by a running systemd
+        calls = [line for line in code if re.match(r"(?:.+(?:;|&&|\|\||then|do))?\s*systemctl\b",
+                                                   line)]
+        assert all(line == "systemctl --system daemon-reload >/dev/null || true"
+                   for line in calls), (name, calls)
+        assert "/run/systemd/system" in text or not calls, name
+    assert "deb-systemd-helper update-state" in scripts["postinst"]
+    assert "deb-systemd-invoke start" in scripts["postinst"]
+    assert "deb-systemd-invoke stop" in scripts["prerm"]
+    assert "deb-systemd-helper purge" in scripts["postrm"]
+    assert "compileall" in scripts["postinst"] and "__pycache__" in scripts["prerm"]
+
+
+def test_the_changelog_top_entry_is_pyprojects_version_with_a_revision():
+    assert re.fullmatch(re.escape(VERSION) + r"-\d+", DEB_VERSION), DEB_VERSION
+    first = CHANGELOG.read_text().splitlines()[0]
+    assert re.fullmatch(r"slurm-recovery \([^)]+\) [a-z-]+; urgency=\w+", first), first
+
+
+def test_build_deb_refuses_a_changelog_behind_pyproject(tmp_path):
+    proc = subprocess.run(["sh", str(REPO / "packaging/debian/build-deb.sh"),
+                           str(tmp_path / "root"), str(tmp_path / "x.deb")],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "VERSION": "99.0.0", "PREFIX": "/opt/x",
+                               "SYSCONFDIR": "/etc", "PLUGSTACK_DIR": "/etc/p", "ARCH": "amd64"})
+    assert proc.returncode != 0 and "add an entry '99.0.0-1'" in proc.stderr, proc.stderr
+    assert not (tmp_path / "x.deb").exists()
