@@ -295,6 +295,7 @@ class Strike(_Row):
     ts: float
     job: int | None = Field(description="The job's row id (null: another user's, for a "
                                         "user).")
+    job_id: str | None = Field(None, description="The job's Slurm id (null as for job).")
     user: str | None
     category: str
     weight: float

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..config import MODES, Config
 from ..decide.decider import MODE_OVERRIDES, Decider, environment_mode, mode_overrides
-from ..errors import RecoveryError
+from ..errors import RecoveryError, StoreError
 from ..decide.policy import effective_mode
 from ..scheduler import Scheduler, scheduler_for
 from ..store import Recommendation, Status, Store
@@ -276,13 +276,23 @@ class Service:
         out["drained_by_us"] = bool(out.get("drained_by_us"))
         out["excluded_by_operator"] = bool(out.get("excluded_by_operator"))
         out["suspect_score"] = float(score)
+        strikes = [{**s, "job_id": self._printable_id(s["job"])} for s in strikes]
         if not sees_all(who):
-            strikes = [s if (s["user"] or "") == who.name else {**s, "job": None, "user": None}
-                       for s in strikes]
-        out["strikes"] = list(strikes)
+            strikes = [s if (s["user"] or "") == who.name
+                       else {**s, "job": None, "job_id": None, "user": None} for s in strikes]
+        out["strikes"] = strikes
         out["strike_count"] = len(strikes)
         out["health"], out["health_detail"] = self.health(out)
         return out
+
+    def _printable_id(self, job_pk: int | None) -> str | None:
+        """The Slurm job id (``4410``, ``1234_7``) of a job row, None without one."""
+        if job_pk is None:
+            return None
+        try:
+            return self.store.job(job_pk)["job_id"]
+        except StoreError:
+            return None
 
     def suspect_at(self) -> float:
         """The lemon score from which a node reads as suspect: a share

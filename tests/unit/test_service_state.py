@@ -153,3 +153,14 @@ def test_a_user_sees_no_other_users_jobs_in_the_node_list(recovered):
     assert strikes and all(s["job"] is None and s["user"] is None for s in strikes)
     mine = {n["name"]: n for n in service.nodes(Caller(1, "ana", False))}["node2"]["strikes"]
     assert all(s["user"] == "ana" for s in mine)
+
+
+def test_a_strike_names_the_slurm_job_blanked_for_other_users(recovered):
+    service, store, _ = recovered
+    pk = store.jobs()[0]["id"]
+    job_id = store.job(pk)["job_id"]
+    store.add_strike("node8", "gpu_hardware", 1.0, pk, "ana", ts=service.clock())
+    (strike,) = service.node("node8")["strikes"]
+    assert strike["job_id"] == job_id and strike["job"] == pk
+    (hidden,) = service.node("node8", Caller(1234, "zed", False))["strikes"]
+    assert hidden["job_id"] is None and hidden["job"] is None and hidden["user"] is None

@@ -214,7 +214,7 @@ def _print_node(row: dict) -> None:
     click.echo(f"  Health={node_health(row)}")
     for s in row["strikes"] if isinstance(row.get("strikes"), list) else []:
         click.echo(f"  strike {_when(s['ts'])} {s['category']:<14} "
-                   f"weight={_score(s['weight'])} job_row={s['job'] or '-'} "
+                   f"weight={_score(s['weight'])} job={s.get('job_id') or '-'} "
                    f"user={s['user'] or '-'}")
 
 
