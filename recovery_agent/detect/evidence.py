@@ -76,14 +76,14 @@ def _named_elsewhere(d: Detection, context: AttributionContext) -> str | None:
         index = int(match.group(1))
         single = context.nodes[0] if len(context.nodes) == 1 and index == 0 else ""
         return context.node_index.get(index) or single
-    task = None
-    if (match := _TASK_ID.search(text) or _COORD_TASK.search(text)) is not None:
-        task = int(match.group(1))
-    elif "leader task" in text and _COORD_LEADER.search(text):
-        task = 0
-    if task is None:
+    single = context.nodes[0] if len(context.nodes) == 1 else ""
+    if "leader task" in text and _COORD_LEADER.search(text):
+        # the service is process 0's, at the step's first node (jax's SlurmCluster)
+        return context.task_hosts.get(0) or context.node_index.get(0) or single
+    match = _TASK_ID.search(text) or _COORD_TASK.search(text)
+    if match is None:
         return None
-    return context.task_hosts.get(task) or (context.nodes[0] if len(context.nodes) == 1 else "")
+    return context.task_hosts.get(int(match.group(1))) or single
 
 
 def _node_name(host: str, context: AttributionContext) -> str:

@@ -192,3 +192,30 @@ def test_nvlink_error_with_the_nodes_xid_names_the_gpu():
                         AttributionContext(nodes=("gpu06", "gpu07"), node_events=events))
     assert (verdict.blame, verdict.nodes) == ("node", ("gpu07",))
     assert verdict.gpus == ("0003:00:00",)
+
+
+def test_the_tasks_the_service_lists_as_unhealthy_are_the_suspects():
+    # jax-ml/jax docs/fault_tolerance.rst: what every surviving task prints
+    lines = [
+        "   E0926 17:26:32.075402  157988 coordination_service_agent.cc:332] Polled an error from "
+        "coordination service (this can be an error from this or another task).",
+        "   F0926 17:26:32.075587  157988 client.h:77] Terminating process because the JAX "
+        "distributed service detected fatal errors. This most likely indicates that another task "
+        "died; see the other task logs for more details. Disable Python buffering, i.e. `python "
+        "-u`, to be sure to see all the previous output. absl::Status: UNAVAILABLE: The following "
+        "tasks are unhealthy (stopped sending heartbeats):",
+        "   /job:jax_worker/replica:0/task:3",
+        "   The tasks have crashed. Check the task logs for an earlier error, or scheduler events "
+        "(e.g. preemption, eviction) to debug further.",
+    ]
+    context = AttributionContext(nodes=("a", "b"), task_hosts={0: "a", 1: "a", 2: "b", 3: "b"},
+                                 rank_hosts={3: "a"})
+    verdict = _verdict(lines, context)
+    assert (verdict.action, verdict.unexplained, verdict.suspects) == ("requeue", True, ("b",))
+    assert _verdict(lines, AttributionContext(nodes=("a", "b"))).suspects == ()
+
+
+def test_the_lost_leader_is_the_steps_first_node_when_tasks_are_not_placed():
+    # jax's SlurmCluster: the coordinator is the first host of SLURM_STEP_NODELIST
+    context = AttributionContext(nodes=("a", "b"), node_index={0: "b", 1: "a"})
+    assert _verdict([LEADER], context).suspects == ("b",)
