@@ -96,7 +96,7 @@ _FORKED = re.compile(r"in DataLoader worker process \d+|DataLoader worker \(pids
 _STORE = re.compile(r"\[c10d\]|TCPStore|C10d store|c10d key-value store|store->get\("
                     r"|Rendezvous(?:Connection|Timeout|Closed)Error|SocketImpl\(|clients joined"
                     r"|The client socket has (?:timed out|failed to connect)")
-_DEVICE_STATE = ("ecc", "busy", "unknown", "nvlink", "contained")   # the device's state, not a kernel's
+_DEVICE_STATE = ("ecc", "busy", "unknown", "nvlink")   # the device's own state, not a kernel's fault
 _STORE_SIDE = re.compile(r"TCPStore|c10d key-value store|store->get\(|SocketImpl\("
                          r"|clients joined|RendezvousTimeoutError|wait timeout after \d+ms")
 # The work was done: the frameworks' own end-of-training messages
@@ -299,6 +299,8 @@ def _gpu_maybe(verdict: Verdict, kind: str, chosen: list[tuple[int, Detection]],
     suspects = tuple(_hosts(d for _, d in chosen))
     if suspects and any(d.host for _, d in faults):    # the fault must be where it happened
         faults = [(i, d) for i, d in faults if d.host in suspects]
+    if kind == "contained":     # Xid 94 (contained: restart the program) leaves the GPU usable
+        faults = [(i, d) for i, d in faults if d.action_hint == "requeue_exclude"]
     signature = f"cuda:{kind}"
     where = f"CUDA error ({kind.replace('_', ' ')})"
     if faults:

@@ -84,6 +84,7 @@ def parse_layout(lines: Iterable[str]) -> Layout:
     task_ranks: set[tuple[int, int]] = set()
     per_node: list[int] = []
     steps: dict[str, list[str]] = {}    # a step (id, or its node list) -> its nodes, in order
+    step_tasks: dict[str, dict[int, str]] = {}   # a step -> its task ids' hosts
     summary_host = None
     for line in lines:
         if "NodeList=" in line or "NODELIST" in line:
@@ -100,7 +101,7 @@ def parse_layout(lines: Iterable[str]) -> Layout:
                     steps[step].append(host)
                 for task in _ranks(match.group(3)):
                     ranks.setdefault(task, host)
-                    tasks.setdefault(task, host)
+                    step_tasks.setdefault(step, {})[task] = host
         if "SLURM_STEP_NODELIST" in line:
             for match in _STEP_NODELIST.finditer(line):
                 steps.setdefault("env:" + match.group(1), _expand(match.group(1)))
@@ -120,6 +121,8 @@ def parse_layout(lines: Iterable[str]) -> Layout:
             ranks.setdefault(rank, host)
     _ranks_from_tasks(ranks, tasks, task_ranks)
     _ranks_from_blocks(ranks, nodes, per_node)
+    for task, host in _agreed(step_tasks.values()).items():   # after what --label showed
+        tasks.setdefault(task, host)
     return Layout(tuple(nodes), ranks, addresses, tasks, _node_index(steps.values()))
 
 
@@ -129,13 +132,18 @@ def _node_index(steps: Iterable[Sequence[str]]) -> dict[int, str]:
     ``SLURM_STEP_NODELIST`` is the list). An error line names the index, not
     the step, so an index counts only where every step the log shows puts
     the same host there."""
+    return _agreed(dict(enumerate(hosts)) for hosts in steps)
+
+
+def _agreed(steps: Iterable[Mapping[int, str]]) -> dict[int, str]:
+    """Number -> host over several steps' maps, where no two steps disagree."""
     out: dict[int, str] = {}
     clash: set[int] = set()
-    for hosts in steps:
-        for index, host in enumerate(hosts):
-            if out.setdefault(index, host) != host:
-                clash.add(index)
-    return {index: host for index, host in out.items() if index not in clash}
+    for numbered in steps:
+        for number, host in numbered.items():
+            if out.setdefault(number, host) != host:
+                clash.add(number)
+    return {number: host for number, host in out.items() if number not in clash}
 
 
 def _prefix_facts(line: str, tasks: dict, task_ranks: set, addresses: dict,

@@ -9,8 +9,8 @@ or the rest of the log told the agent.
 from __future__ import annotations
 
 from recovery_agent.detect.attribution import attribute
-from recovery_agent.detect.context import (AttributionContext, _node_index, context_from_lines,
-                                           parse_layout, with_host)
+from recovery_agent.detect.context import (AttributionContext, _agreed, _node_index,
+                                           context_from_lines, parse_layout, with_host)
 from recovery_agent.detect.model import Detection, Evidence
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
@@ -64,6 +64,7 @@ def test_launch_lines_give_the_step_node_index_and_the_task_hosts():
 
 def test_a_node_index_steps_disagree_on_names_no_node():
     assert _node_index([["a", "b"], ["b", "c"], ["a", "b", "d"]]) == {2: "d"}
+    assert _agreed([{0: "a", 1: "b"}, {0: "c"}]) == {1: "b"}    # srun task ids alike
 
 
 def test_srun_io_loss_names_the_indexed_node_as_a_suspect():
@@ -172,13 +173,21 @@ CONTAINED = ("torch.AcceleratorError: CUDA error: Invalid access of peer GPU mem
              "or a hardware error")
 
 
-def test_nvlink_and_contained_errors_blame_the_node_that_printed_them():
-    for line, kind in ((NVLINK, "nvlink"), (CONTAINED, "contained")):
-        detections = with_host(SCANNER.scan_lines([line]), "gpu07")
-        verdict = attribute(detections, AttributionContext(nodes=("gpu06", "gpu07")))
-        assert (verdict.action, verdict.blame, verdict.nodes) == (
-            "requeue_exclude", "node", ("gpu07",))
-        assert verdict.signature == f"cuda:{kind}"
+def test_an_nvlink_error_blames_the_node_that_printed_it():
+    detections = with_host(SCANNER.scan_lines([NVLINK]), "gpu07")
+    verdict = attribute(detections, AttributionContext(nodes=("gpu06", "gpu07")))
+    assert (verdict.action, verdict.blame, verdict.nodes) == ("requeue_exclude", "node", ("gpu07",))
+    assert verdict.signature == "cuda:nvlink"
+    unnamed = attribute(SCANNER.scan_lines([NVLINK]), AttributionContext(nodes=("gpu06", "gpu07")))
+    assert unnamed.nodes == () and unnamed.signature == "cuda:nvlink"
+
+
+def test_a_contained_error_is_retried_with_its_node_as_the_suspect():
+    # the catalog's Xid 94 (contained): restart the program, the GPU stays usable
+    detections = with_host(SCANNER.scan_lines([CONTAINED]), "gpu07")
+    verdict = attribute(detections, AttributionContext(nodes=("gpu06", "gpu07")))
+    assert (verdict.action, verdict.blame, verdict.nodes) == ("requeue", "unknown", ())
+    assert verdict.signature == "cuda:contained" and verdict.suspects == ("gpu07",)
 
 
 def test_nvlink_error_with_the_nodes_xid_names_the_gpu():
@@ -219,3 +228,26 @@ def test_the_lost_leader_is_the_steps_first_node_when_tasks_are_not_placed():
     # jax's SlurmCluster: the coordinator is the first host of SLURM_STEP_NODELIST
     context = AttributionContext(nodes=("a", "b"), node_index={0: "b", 1: "a"})
     assert _verdict([LEADER], context).suspects == ("b",)
+
+
+def _node_event(line: str, host: str) -> tuple[Detection, ...]:
+    return tuple(Detection(**{**d.__dict__, "host": host, "evidence": (
+        Evidence(d.evidence[0].text, f"hook:{host}/epilog"),)}) for d in SCANNER.scan_lines([line]))
+
+
+def test_a_contained_error_excludes_the_node_only_with_an_uncontained_xid():
+    # Xid 95: an Inspur repair ticket quoting the node's kernel log (find_string id
+    # 66017441585); Xid 94: the example NVIDIA's driver source gives for it
+    # (NVIDIA/open-gpu-kernel-modules, find_string id 36408523)
+    xid95 = _node_event("NVRM: Xid (PCI:0000:37:00): 95, pid=5171, Uncontained: FBHUB. RST: Yes, "
+                        "D-RST: No", "gpu07")
+    xid94 = _node_event("NVRM: Xid (PCI:0000:01:00): 94, pid=7062, Contained: CE User Channel "
+                        "(0x9). RST: No, D-RST: No", "gpu07")
+    nodes = ("gpu06", "gpu07")
+    hard = attribute(SCANNER.scan_lines([CONTAINED]),
+                     AttributionContext(nodes=nodes, node_events=xid95))
+    assert (hard.blame, hard.action, hard.nodes, hard.gpus) == (
+        "node", "requeue_exclude", ("gpu07",), ("0000:37:00",))
+    soft = attribute(SCANNER.scan_lines([CONTAINED]),
+                     AttributionContext(nodes=nodes, node_events=xid94))
+    assert soft.action == "requeue" and soft.nodes == ()
