@@ -260,7 +260,9 @@ def _read_cause(verdict: Verdict, winner: Detection, chosen: list[tuple[int, Det
                            signature="io:write",
                            reason=f"{verdict.reason}; an I/O error without a full disk "
                                   "or quota: retried (stopped if it comes back)")
-    if winner.category == "cuda_error" and any(_CUDA_INIT.search(t) for t in texts):
+    # (NCCL runs in the training process, never in a forked data worker)
+    if winner.category == "cuda_error" and any(_CUDA_INIT.search(t) and "NCCL" not in t
+                                               for t in texts):
         forked = next((d for d in combined if _FORKED.search(_text(d))), None)
         if forked is not None:
             return replace(verdict, blame="application", action="stop", nodes=(), gpus=(),

@@ -251,3 +251,10 @@ def test_a_contained_error_excludes_the_node_only_with_an_uncontained_xid():
     soft = attribute(SCANNER.scan_lines([CONTAINED]),
                      AttributionContext(nodes=nodes, node_events=xid94))
     assert soft.action == "requeue" and soft.nodes == ()
+
+
+def test_nccls_initialization_error_is_not_read_as_a_forked_worker():
+    # NVIDIA/nccl#1029's NCCL line, with pytorch/pytorch#33407's multiprocessing header
+    verdict = _verdict([NODE_INIT, "Process Process-2:"],
+                       AttributionContext(nodes=("rdma-test-gpu-worker-1", "w2")))
+    assert (verdict.action, verdict.nodes) == ("requeue_exclude", ("rdma-test-gpu-worker-1",))
