@@ -67,7 +67,27 @@ _GPU_MAYBE = (("illegal_address", re.compile(r"an illegal memory access was enco
                                  r"|CUDA_ERROR_ECC_UNCORRECTABLE")),
               ("busy", re.compile(r"busy or unavailable|cudaErrorDevicesUnavailable"
                                   r"|CUDA_ERROR_DEVICE_UNAVAILABLE")),
-              ("unknown", re.compile(r"\bunknown error\b|cudaErrorUnknown|CUDA_ERROR_UNKNOWN")))
+              ("unknown", re.compile(r"\bunknown error\b|cudaErrorUnknown|CUDA_ERROR_UNKNOWN")),
+              # 220 and 226: the GPU's NVLink or its error containment saw a hardware fault
+              ("nvlink", re.compile(r"uncorrectable NVLink error detected|cudaErrorNvlinkUncorrectable"
+                                    r"|CUDA_ERROR_NVLINK_UNCORRECTABLE")),
+              ("contained", re.compile(r"Invalid access of peer GPU memory over nvlink or a hardware "
+                                       r"error|cudaErrorContained|CUDA_ERROR_CONTAINED")))
+# 3 cudaErrorInitializationError, and PyTorch's own refusal (torch/cuda/__init__.py
+# _lazy_init) to start CUDA in a child forked after the parent started it
+_CUDA_INIT = re.compile(r"\binitialization error\b|cudaErrorInitializationError"
+                        r"|CUDA_ERROR_NOT_INITIALIZED|Cannot re-initialize CUDA in forked subprocess")
+# A forked worker's own lines: PyTorch's DataLoader re-raising a worker's exception
+# (torch/_utils.py ExceptionWrapper: "Caught <E> in DataLoader worker process N";
+# before 1.2 the worker's whole traceback as the message: "RuntimeError: Traceback
+# (most recent call last):", the header of the traceback the scanner reads), a
+# worker that died (torch/utils/data/dataloader.py "DataLoader worker (pid N) is
+# killed by signal" / "exited unexpectedly"), multiprocessing's "Process Process-N:"
+# before a child's traceback, and PyTorch's message for CUDA in a forked child
+_FORKED = re.compile(r"in DataLoader worker process \d+|DataLoader worker \(pids?\(?s?\)? ?[\d, ]+\)?"
+                     r" (?:is killed by signal|exited unexpectedly)"
+                     r"|\b[A-Z]\w*(?:Error|Exception): Traceback \(most recent call last\)"
+                     r"|^Process (?:Fork)?Process-\d+:|Cannot re-initialize CUDA in forked subprocess")
 # c10d's TCPStore, its socket and the rendezvous on top (torch/csrc/distributed/c10d,
 # torch/distributed/elastic/rendezvous): the store host, not a node's fabric. The
 # store side (a broken or timed-out store connection, a store key never set, a
@@ -76,7 +96,7 @@ _GPU_MAYBE = (("illegal_address", re.compile(r"an illegal memory access was enco
 _STORE = re.compile(r"\[c10d\]|TCPStore|C10d store|c10d key-value store|store->get\("
                     r"|Rendezvous(?:Connection|Timeout|Closed)Error|SocketImpl\(|clients joined"
                     r"|The client socket has (?:timed out|failed to connect)")
-_DEVICE_STATE = ("ecc", "busy", "unknown")     # the device's own state, not a kernel's fault
+_DEVICE_STATE = ("ecc", "busy", "unknown", "nvlink")   # the device's own state, not a kernel's fault
 _STORE_SIDE = re.compile(r"TCPStore|c10d key-value store|store->get\(|SocketImpl\("
                          r"|clients joined|RendezvousTimeoutError|wait timeout after \d+ms")
 # The work was done: the frameworks' own end-of-training messages
@@ -240,6 +260,17 @@ def _read_cause(verdict: Verdict, winner: Detection, chosen: list[tuple[int, Det
                            signature="io:write",
                            reason=f"{verdict.reason}; an I/O error without a full disk "
                                   "or quota: retried (stopped if it comes back)")
+    # (NCCL runs in the training process, never in a forked data worker)
+    if winner.category == "cuda_error" and any(_CUDA_INIT.search(t) and "NCCL" not in t
+                                               for t in texts):
+        forked = next((d for d in combined if _FORKED.search(_text(d))), None)
+        if forked is not None:
+            return replace(verdict, blame="application", action="stop", nodes=(), gpus=(),
+                           links=(), signature="",
+                           reason=f"{verdict.reason}; in a forked worker process "
+                                  f"({_where(forked)}: {_text(forked)[:120]}): CUDA was started "
+                                  "before the fork; start workers with 'spawn' or keep CUDA out "
+                                  "of them (the job's code, not the node)")
     if winner.category == "cuda_error":
         kind = next((name for name, rx in _GPU_MAYBE if any(rx.search(t) for t in texts)), "")
         if kind:
@@ -270,6 +301,8 @@ def _gpu_maybe(verdict: Verdict, kind: str, chosen: list[tuple[int, Detection]],
     suspects = tuple(_hosts(d for _, d in chosen))
     if suspects and any(d.host for _, d in faults):    # the fault must be where it happened
         faults = [(i, d) for i, d in faults if d.host in suspects]
+    if kind == "contained":     # Xid 94 (contained: restart the program) leaves the GPU usable
+        faults = [(i, d) for i, d in faults if d.action_hint == "requeue_exclude"]
     signature = f"cuda:{kind}"
     where = f"CUDA error ({kind.replace('_', ' ')})"
     if faults:

@@ -1,6 +1,6 @@
 """What attribution knows besides the log detections (:class:`AttributionContext`),
 and what a job's log states about itself: its placement (nodes, rank -> host,
-srun task -> host: :func:`parse_layout`, kept as the log streams past by
+srun task -> host, step node index -> host: :func:`parse_layout`, kept as the log streams past by
 :class:`LayoutLines`) and the addresses it may name a node by
 (:func:`node_addresses`, :func:`read_node_addresses`)."""
 from __future__ import annotations
@@ -26,7 +26,8 @@ class AttributionContext:
     nodes: tuple[str, ...] = ()                       # the job's nodes, expanded
     rank_hosts: Mapping[int, str] = field(default_factory=dict)
     addresses: Mapping[str, str] = field(default_factory=dict)   # IP, alias -> host
-    task_hosts: Mapping[int, str] = field(default_factory=dict)  # srun --label task -> host
+    task_hosts: Mapping[int, str] = field(default_factory=dict)  # srun task id -> host
+    node_index: Mapping[int, str] = field(default_factory=dict)  # srun step node index -> host
     node_events: tuple[Detection, ...] = ()           # node reports (host set)
     node_fail: tuple[str, ...] = ()                   # NODE_FAIL nodes from Slurm
     node_states: Mapping[str, str] = field(default_factory=dict)  # host -> state
@@ -44,14 +45,16 @@ class Layout:
     rank_hosts: Mapping[int, str] = field(default_factory=dict)
     addresses: Mapping[str, str] = field(default_factory=dict)
     task_hosts: Mapping[int, str] = field(default_factory=dict)
+    node_index: Mapping[int, str] = field(default_factory=dict)
 
 
 _ALLOC = re.compile(r"\b(?:Allocate JobId=\d+\S* NodeList=|SLURM_(?:JOB_|STEP_)?NODELIST[=:] ?)"
                     r"([A-Za-z0-9][\w.\[\],-]*)")
 _TASKS_PER_NODE = re.compile(r"\bSLURM_(?:STEP_|JOB_)?TASKS_PER_NODE[=:] ?(\d+(?:\(x\d+\))?"
                              r"(?:,\d+(?:\(x\d+\))?)*)")
-_SRUN_LAUNCH = re.compile(r"launching (?:StepId=)?\S+ on host ([A-Za-z0-9][\w.-]*), \d+ tasks?: "
+_SRUN_LAUNCH = re.compile(r"launching (?:StepId=)?(\S+) on host ([A-Za-z0-9][\w.-]*), \d+ tasks?: "
                           r"\[?([\d,-]+)\]?")
+_STEP_NODELIST = re.compile(r"\bSLURM_STEP_NODELIST[=:] ?([A-Za-z0-9][\w.\[\],-]*)")
 _NCCL_RANK = re.compile(r"(?:^|\s)([A-Za-z0-9][\w.-]*):\d+:\d+ \[\d+\] NCCL INFO .*?"
                         r"\bcomm 0x[0-9a-f]+ rank (\d+) n[Rr]anks (\d+)")
 _NCCL_ADDR = re.compile(r"(?:^|\s)([A-Za-z0-9][\w.-]*):\d+:\d+ \[\d+\] NCCL INFO "
@@ -69,7 +72,10 @@ def parse_layout(lines: Iterable[str]) -> Layout:
     wins), torchrun's failure summaries (``host :`` then ``rank :``), and the
     line prefixes (:func:`~.origin.line_origin`) that put an srun ``--label``
     task, a ``[rankN]:`` rank or a pdsh/Ray IP address on a line naming its
-    host: a task seen on a host is on it, so are the ranks seen on that task."""
+    host: a task seen on a host is on it, so are the ranks seen on that task.
+    A step's node index -> host comes from its ``srun -v`` launch lines and
+    ``SLURM_STEP_NODELIST`` (:func:`_node_index`); srun task ids from the
+    launch lines and the ``--label`` prefixes."""
     nodes: list[str] = []
     ranks: dict[int, str] = {}
     nccl: dict[int, tuple[int, str]] = {}
@@ -77,6 +83,8 @@ def parse_layout(lines: Iterable[str]) -> Layout:
     tasks: dict[int, str] = {}
     task_ranks: set[tuple[int, int]] = set()
     per_node: list[int] = []
+    steps: dict[str, list[str]] = {}    # a step (id, or its node list) -> its nodes, in order
+    step_tasks: dict[str, dict[int, str]] = {}   # a step -> its task ids' hosts
     summary_host = None
     for line in lines:
         if "NodeList=" in line or "NODELIST" in line:
@@ -88,8 +96,15 @@ def parse_layout(lines: Iterable[str]) -> Layout:
         if "launching" in line:
             match = _SRUN_LAUNCH.search(line)
             if match:
-                for rank in _ranks(match.group(2)):
-                    ranks.setdefault(rank, match.group(1))
+                step, host = match.group(1), match.group(2)
+                if host not in steps.setdefault(step, []):
+                    steps[step].append(host)
+                for task in _ranks(match.group(3)):
+                    ranks.setdefault(task, host)
+                    step_tasks.setdefault(step, {})[task] = host
+        if "SLURM_STEP_NODELIST" in line:
+            for match in _STEP_NODELIST.finditer(line):
+                steps.setdefault("env:" + match.group(1), _expand(match.group(1)))
         if "NCCL" in line or "[rank" in line or "MPICH ERROR" in line:
             _prefix_facts(line, tasks, task_ranks, addresses, ranks)
         if "NCCL INFO" in line:
@@ -106,7 +121,29 @@ def parse_layout(lines: Iterable[str]) -> Layout:
             ranks.setdefault(rank, host)
     _ranks_from_tasks(ranks, tasks, task_ranks)
     _ranks_from_blocks(ranks, nodes, per_node)
-    return Layout(tuple(nodes), ranks, addresses, tasks)
+    for task, host in _agreed(step_tasks.values()).items():   # after what --label showed
+        tasks.setdefault(task, host)
+    return Layout(tuple(nodes), ranks, addresses, tasks, _node_index(steps.values()))
+
+
+def _node_index(steps: Iterable[Sequence[str]]) -> dict[int, str]:
+    """Step node index -> host: srun numbers a step's nodes by their place in
+    the step's node list (``srun -v`` prints its launch lines in that order;
+    ``SLURM_STEP_NODELIST`` is the list). An error line names the index, not
+    the step, so an index counts only where every step the log shows puts
+    the same host there."""
+    return _agreed(dict(enumerate(hosts)) for hosts in steps)
+
+
+def _agreed(steps: Iterable[Mapping[int, str]]) -> dict[int, str]:
+    """Number -> host over several steps' maps, where no two steps disagree."""
+    out: dict[int, str] = {}
+    clash: set[int] = set()
+    for numbered in steps:
+        for number, host in numbered.items():
+            if out.setdefault(number, host) != host:
+                clash.add(number)
+    return {number: host for number, host in out.items() if number not in clash}
 
 
 def _prefix_facts(line: str, tasks: dict, task_ranks: set, addresses: dict,
@@ -196,7 +233,7 @@ class LayoutLines:
     which a chatty job prints on every step."""
 
     MARKERS = ("NCCL INFO", "NodeList=", "NODELIST", "TASKS_PER_NODE", "launching ",
-               "MPICH ERROR")
+               "MPICH ERROR")   # (NODELIST: SLURM_STEP_NODELIST too)
     LONGEST = 480
 
     def __init__(self, cap: int = 2048) -> None:
@@ -227,8 +264,9 @@ def context_from_lines(lines: Iterable[str], **known) -> AttributionContext:
     the agent passes each job node's Slurm ``NodeAddr`` and ``NodeHostname``."""
     layout = parse_layout(lines)
     merged = {"nodes": layout.nodes, "rank_hosts": layout.rank_hosts,
-              "addresses": layout.addresses, "task_hosts": layout.task_hosts}
-    for key in ("rank_hosts", "addresses", "task_hosts"):
+              "addresses": layout.addresses, "task_hosts": layout.task_hosts,
+              "node_index": layout.node_index}
+    for key in ("rank_hosts", "addresses", "task_hosts", "node_index"):
         if key in known:
             merged[key] = {**merged[key], **known.pop(key)}
     merged.update(known)

@@ -35,16 +35,55 @@ def all_detections(detections: Sequence[Detection],
     return out
 
 
+# Lines that name another node or process by a number, not a name: srun's
+# step node index (src/api/step_launch.c: the I/O connection to a node's
+# slurmstepd failed or timed out) and task id (the task a node failed to
+# launch), and a coordination-service task (XLA's /job:NAME/replica:R/task:N,
+# whose task id is the process id: SLURM_PROCID under Slurm; the service is
+# task 0's, the "leader" the other tasks lose).
+_STEP_NODE = re.compile(r"(?:io error with slurmstepd on|io error and missing step on|step missing "
+                        r"and io error on|can not test connection to|Cannot communicate with) "
+                        r"node (\d+)\b")
+_TASK_ID = re.compile(r"\btask (\d+) launch failed: ")
+_COORD_TASK = re.compile(r"/job:[\w-]+/replica:\d+/task:(\d+)\b")
+_COORD_LEADER = re.compile(r"Failed to send RPC to coordination service\. Either the leader task")
+
+
 def _fill_host(d: Detection, context: AttributionContext) -> Detection:
     host = d.host
-    if host is None and d.rank is not None:
+    named = _named_elsewhere(d, context) if host is None and d.evidence else None
+    if named is not None:       # the line's own prefix names the reporter, not this
+        host = named or None
+    if host is None and named is None and d.rank is not None:
         host = context.rank_hosts.get(d.rank)
-    if host is None and context.task_hosts and d.evidence:
+    if host is None and named is None and context.task_hosts and d.evidence:
         task = line_origin(d.evidence[0].text).task
         host = context.task_hosts.get(task) if task is not None else None
     if host is not None:
         host = _node_name(host, context)
     return d if host == d.host else replace(d, host=host)
+
+
+def _named_elsewhere(d: Detection, context: AttributionContext) -> str | None:
+    """The host a line names by a step node index, an srun task id or a
+    coordination task ("" when it names one that the layout does not place:
+    then no node, never the reporter's), None when it names none. Task ids
+    map through the srun tasks the log placed (launch lines, ``--label``),
+    not through ranks (a JAX process drives several NCCL ranks); a one-node
+    job's index 0 and task ids are that node."""
+    text = d.evidence[0].text
+    if "node " in text and (match := _STEP_NODE.search(text)):
+        index = int(match.group(1))
+        single = context.nodes[0] if len(context.nodes) == 1 and index == 0 else ""
+        return context.node_index.get(index) or single
+    single = context.nodes[0] if len(context.nodes) == 1 else ""
+    if "leader task" in text and _COORD_LEADER.search(text):
+        # the service is process 0's, at the step's first node (jax's SlurmCluster)
+        return context.task_hosts.get(0) or context.node_index.get(0) or single
+    match = _TASK_ID.search(text) or _COORD_TASK.search(text)
+    if match is None:
+        return None
+    return context.task_hosts.get(int(match.group(1))) or single
 
 
 def _node_name(host: str, context: AttributionContext) -> str:

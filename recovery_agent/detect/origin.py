@@ -74,8 +74,10 @@ _CRAY_MPICH = re.compile(r"MPICH ERROR \[Rank (\d+)\] (?:\[job id [^\]]{1,80}\] 
                          r"(?:\[[^\]]{1,40}\] )?(?:\[unknown\] )?\[(" + _HOST + r")\]")
 # a Ray worker's (Class pid=N, ip=A), an old one's (pid=N, ip=A), (raylet, ip=A)
 _RAY = re.compile(r"\((?:\w+ pid=\d+|pid=\d+|raylet)(?:, ip=(" + _IPV4 + r"))?[^)]*\) ")
-# (srun's "error: slurm_receive_msgs: [[host]:6818] failed" names a function, not a node)
-_NAMED = re.compile(r"(?:srun: error: (?!slurm_\w+: )|slurmstepd-|pdsh@\S+: |clush: )"
+# (srun's "error: slurm_receive_msgs: [[host]:6818] failed" and "error:
+# step_launch_notify_io_failure: aborting, ..." name a function, not a node)
+_NAMED = re.compile(r"(?:srun: error: (?!slurm_\w+: |[a-z]+_\w*: (?!tasks? \d))|slurmstepd-"
+                    r"|pdsh@\S+: |clush: )"
                     r"([A-Za-z0-9][\w.\[\],-]*)"
                     r"(?:: tasks? [\d,\[\]-]+)?: |\[\d\d/\d\d/\d{4} [\d:]{8}\]\[(" + _HOST
                     + r")\]\[\d+\]:"   # ... and cuda_memtest's [date time][host][dev]:
