@@ -28,7 +28,7 @@ import pytest
 import requests
 
 from recovery_devtools.devcluster.inject import inject_xid
-from tests.integration.conftest import AgentProcess, job_row, wait_for
+from tests.integration.conftest import TEST_PORT, AgentProcess, job_row, wait_for
 from tests.integration.test_recovery_live import job_now
 from tests.integration.test_sources_servers import free_port
 
@@ -36,7 +36,9 @@ pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "contrib" / "prometheus" / "alerts.yml"
 DASHBOARD = REPO / "contrib" / "grafana" / "slurm-recovery.json"
-PORTS = range(21850, 21900)   # inside the dev cluster's own range (RECOVERY_TEST_PORT..+100)
+# Prometheus's port: inside the dev cluster's own range (RECOVERY_TEST_PORT..+100), so a
+# second cluster (a resilience share, a helper's) never meets it
+PORTS = range(TEST_PORT + 33, TEST_PORT + 83)
 
 
 def prometheus_config(path: Path, agent_port: int) -> None:
