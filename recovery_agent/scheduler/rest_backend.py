@@ -211,8 +211,12 @@ class RestScheduler:
                 query: Mapping[str, Any] | None = None) -> None:
         api = self.api()
         try:
-            self.client.request(method, path, body=body, query=query, changes=True,
-                                version=api.version)
+            doc = self.client.request(method, path, body=body, query=query, changes=True,
+                                      version=api.version)
+            refused = _refusals(doc)
+            if refused:
+                raise SchedulerError(f"slurmrestd {method} {path}: {refused[0]}",
+                                     argv=[method, path], stderr="\n".join(refused))
         except SchedulerError as exc:
             raise _typed(exc, missing, not_found) from None
 
@@ -289,6 +293,24 @@ class RestScheduler:
     def resume_node(self, name: str) -> None:
         self._update_node(name, {"state": ["RESUME"]},
                           lambda: self.fallback.resume_node(name))
+
+
+def _refusals(doc: Mapping[str, Any]) -> list[str]:
+    """Per-job refusals inside an answer whose own ``errors`` list is empty:
+    23.11+ reports each job (or array task) of an update, requeue or signal
+    apart, in ``results`` (``error_code``, ``error``, ``why``) or in ``status``
+    (``error: {code, string, message}``)."""
+    said = []
+    for entry in doc.get("results") or []:
+        if isinstance(entry, Mapping) and entry.get("error_code") not in (None, 0):
+            said.append(f"job {entry.get('job_id')}: {entry.get('error') or ''} "
+                        f"{entry.get('why') or ''} (error {entry['error_code']})".strip())
+    for entry in doc.get("status") or []:
+        err = entry.get("error") if isinstance(entry, Mapping) else None
+        if isinstance(err, Mapping) and err.get("code") not in (None, 0):
+            said.append(f"job {entry.get('job_id')}: {err.get('string') or ''} "
+                        f"{err.get('message') or ''} (error {err['code']})".strip())
+    return said
 
 
 def _typed(exc: SchedulerError, missing: re.Pattern[str],

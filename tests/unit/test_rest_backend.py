@@ -489,3 +489,40 @@ def test_rest_settings_come_from_the_config():
     settings = RestSettings.from_config(cfg.scheduler)
     assert (settings.url, settings.auth, settings.token_lifespan, settings.timeout,
             settings.fallback) == ("unix:/run/r.sock", "local", 7200, 12.0, "none")
+
+
+def test_2411_per_job_refusals_in_a_clean_answer_are_errors(fake, server, tmp_path):
+    """23.11+ answer an update and a signal with an empty errors list and one
+    entry per job (shapes from data_parser v0.0.42's JOB_ARRAY_RESPONSE_MSG_ENTRY
+    and KILL_JOBS_RESP_JOB)."""
+    v42(fake)
+    fake.answer("POST", "/slurm/v0.0.42/job/5", Answer(body=as_rest({"errors": [], "results": [
+        {"job_id": 5, "step_id": "5", "error_code": 2017, "error": "Invalid job id specified",
+         "why": ""}]}, "v0.0.42")))
+    fake.answer("DELETE", "/slurm/v0.0.42/job/5", Answer(body=as_rest({"errors": [], "status": [
+        {"error": {"string": "Job/step already completing or completed", "code": 2021,
+                   "message": ""}, "step_id": "5", "job_id": 5,
+         "federation": {"sibling": ""}}]}, "v0.0.42")))
+    sched = rest(server, token_file=token_file(tmp_path))
+    with pytest.raises(JobNotFound, match="Invalid job id"):
+        sched.release("5")
+    with pytest.raises(SchedulerError, match="already completing") as info:
+        sched.cancel("5")
+    assert info.value.argv == ["DELETE", "/slurm/v0.0.42/job/5"]
+    fake.answer("POST", "/slurm/v0.0.42/job/5", Answer(body=as_rest({"errors": [], "results": [
+        {"job_id": 5, "step_id": "5", "error_code": 0, "error": "No error", "why": ""}]},
+        "v0.0.42")))
+    sched.release("5")
+
+
+def test_2205_changes_to_an_unknown_job_are_job_not_found(fake, server, tmp_path):
+    v38(fake)
+    fake.answer("POST", "/slurm/v0.0.38/job/987654",
+                Answer(500, recorded(REST, "update_not_found.json")))
+    fake.answer("DELETE", "/slurm/v0.0.38/job/987654",
+                Answer(500, recorded(REST, "cancel_not_found.json")))
+    sched = rest(server, token_file=token_file(tmp_path))
+    for change in (sched.release, sched.start_now, sched.cancel):
+        with pytest.raises(JobNotFound) as info:
+            change("987654")
+        assert info.value.returncode == 500 and "/job/987654" in info.value.argv[1]
