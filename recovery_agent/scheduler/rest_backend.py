@@ -99,10 +99,20 @@ class RestScheduler:
                 log.info("slurmrestd %s: speaking OpenAPI %s", self.settings.url, version)
             return self._api
 
-    def _get(self, path: str, query: Mapping[str, Any] | None = None) -> dict:
+    def _request(self, method: str, path: str, **kw) -> dict:
+        """One call in the negotiated version. A 404 (slurmrestd restarted with
+        other versions?) makes the next call ask the server again."""
         api = self.api()
-        return self.client.request("GET", f"/slurm/{api.version}/{path}", query=query,
-                                   version=api.version)
+        try:
+            return self.client.request(method, path, version=api.version, **kw)
+        except SchedulerError as exc:
+            if exc.returncode == 404:
+                with self._lock:
+                    self._api = None
+            raise
+
+    def _get(self, path: str, query: Mapping[str, Any] | None = None) -> dict:
+        return self._request("GET", f"/slurm/{self.api().version}/{path}", query=query)
 
     # -- viability -------------------------------------------------------------
     def probe(self) -> Probe:
@@ -164,11 +174,15 @@ class RestScheduler:
         return next((j for j in found if j.job_id == str(job_id)), found[0])
 
     def lookup_job(self, job_id: str) -> Job:
-        """One job by ``GET job/{id}``, never from the listing."""
+        """One job by ``GET job/{id}``, never from the listing. The pending
+        rest of an array (``12_[3-5%2]``) has no id of its own: it is looked up
+        through its array job, whose answer holds every task."""
+        job_id = str(job_id)
+        asked = job_id.split("_", 1)[0] if "_[" in job_id else job_id
         api = self.api()
-        path = job_path(api.version, job_id)
+        path = job_path(api.version, asked)
         try:
-            doc = self.client.request("GET", path, version=api.version)
+            doc = self._request("GET", path)
         except SchedulerError as exc:
             raise _typed(exc, _JOB_MISSING, JobNotFound) from None
         try:
@@ -179,7 +193,11 @@ class RestScheduler:
             # not found comes with an error entry; an empty answer proves nothing
             raise SchedulerError(f"slurmrestd GET {path}: no job and no error in the answer",
                                  argv=["GET", path])
-        return next((j for j in jobs if j.job_id == str(job_id)), jobs[0])
+        exact = next((j for j in jobs if j.job_id == job_id), None)
+        if exact is None and asked != job_id:
+            raise JobNotFound(f"job {job_id} not found: array {asked} has no such pending "
+                              f"tasks any more", argv=["GET", path])
+        return exact or jobs[0]
 
     def list_nodes(self, names: Iterable[str] | None = None) -> list[Node]:
         doc = self._get("nodes/")
@@ -194,10 +212,9 @@ class RestScheduler:
         return [n for n in nodes if n.name in wanted]
 
     def get_node(self, name: str) -> Node:
-        api = self.api()
-        path = node_path(api.version, name)
+        path = node_path(self.api().version, name)
         try:
-            doc = self.client.request("GET", path, version=api.version)
+            doc = self._request("GET", path)
         except SchedulerError as exc:
             raise _typed(exc, _NODE_MISSING, NodeNotFound) from None
         found = [n for n in parse_nodes(doc) if n.name == name]
@@ -209,10 +226,8 @@ class RestScheduler:
     def _change(self, method: str, path: str, missing: re.Pattern[str],
                 not_found: type[SchedulerError], *, body: Mapping[str, Any] | None = None,
                 query: Mapping[str, Any] | None = None) -> None:
-        api = self.api()
         try:
-            doc = self.client.request(method, path, body=body, query=query, changes=True,
-                                      version=api.version)
+            doc = self._request(method, path, body=body, query=query, changes=True)
             refused = _refusals(doc)
             if refused:
                 raise SchedulerError(f"slurmrestd {method} {path}: {refused[0]}",

@@ -52,6 +52,15 @@ if REST_ON:
             # the probe names the Slurm release, as the other backends do
             assert sched.probe().version.count(".") == 2
 
+        def test_lookup_of_an_array_and_its_pending_rest(self, devcluster, submit):
+            sched = rest_scheduler(devcluster)
+            array_id = submit("-N1", "--array=0-3%2", script="sleep 300")
+            wait_for(lambda: any(j.job_id == f"{array_id}_1" and j.is_active
+                                 for j in sched.list_jobs()), 30, "task 1 running")
+            assert sched.lookup_job(f"{array_id}_1").array_task_id == 1
+            rest_of = sched.lookup_job(f"{array_id}_[2-3%2]")
+            assert rest_of.is_pending and rest_of.array_task_spec == "2-3%2"
+
         def test_local_socket_reads(self, devcluster):
             rest = devcluster.rest_settings()
             sched = RestScheduler(RestSettings(url=rest["socket"], auth="local",

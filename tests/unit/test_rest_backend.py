@@ -526,3 +526,39 @@ def test_2205_changes_to_an_unknown_job_are_job_not_found(fake, server, tmp_path
         with pytest.raises(JobNotFound) as info:
             change("987654")
         assert info.value.returncode == 500 and "/job/987654" in info.value.argv[1]
+
+
+def test_the_pending_rest_of_an_array_is_looked_up_through_its_array(fake, server, tmp_path):
+    v38(fake)
+    fake.answer("GET", "/slurm/v0.0.38/job/2", Answer(body=recorded(REST, "jobs.json")))
+    fake.answer("GET", "/slurm/v0.0.38/job/2_1", Answer(body=recorded(REST, "jobs.json")))
+    sched = rest(server, token_file=token_file(tmp_path))
+    rest_of = sched.lookup_job("2_[2-3%2]")
+    assert rest_of.array_task_spec == "2-3%2" and rest_of.is_pending
+    assert sched.lookup_job("2_1").array_task_id == 1
+    only_tasks = recorded(REST, "jobs.json")
+    only_tasks["jobs"] = [j for j in only_tasks["jobs"] if not j["array_task_string"]]
+    fake.answer("GET", "/slurm/v0.0.38/job/2", Answer(body=only_tasks))
+    with pytest.raises(JobNotFound, match="no such pending tasks"):
+        sched.lookup_job("2_[2-3%2]")     # every task has started: that entry is gone
+
+
+def test_an_empty_lookup_without_an_error_proves_nothing(fake, server, tmp_path):
+    v38(fake)
+    empty = recorded(REST, "job_not_found.json")
+    empty["errors"] = []
+    fake.answer("GET", "/slurm/v0.0.38/job/1", Answer(body=empty))
+    with pytest.raises(SchedulerError) as info:
+        rest(server, token_file=token_file(tmp_path)).lookup_job("1")
+    assert not isinstance(info.value, JobNotFound)
+
+
+def test_a_404_on_a_versioned_path_asks_for_the_versions_again(fake, server, tmp_path):
+    v38(fake)
+    sched = rest(server, token_file=token_file(tmp_path))
+    assert sched.list_jobs()
+    v42(fake)      # slurmrestd restarted as 24.11: v0.0.38 is gone
+    fake.routes.pop(("GET", "/slurm/v0.0.38/jobs/"))
+    with pytest.raises(SchedulerError, match="HTTP 404"):
+        sched.list_jobs()
+    assert sched.list_jobs() and sched.api().version == "v0.0.42"
