@@ -562,3 +562,37 @@ def test_a_404_on_a_versioned_path_asks_for_the_versions_again(fake, server, tmp
     with pytest.raises(SchedulerError, match="HTTP 404"):
         sched.list_jobs()
     assert sched.list_jobs() and sched.api().version == "v0.0.42"
+
+
+# -- the dev cluster's slurmrestd ----------------------------------------------------------
+
+def test_the_dev_cluster_runs_slurmrestd_only_when_asked(tmp_path, monkeypatch):
+    from recovery_devtools.devcluster.config import ClusterSpec, Layout, local_spec, slurm_conf
+    lay = Layout(tmp_path)
+    plain = ClusterSpec(port=30000)
+    assert "AuthAltTypes" not in slurm_conf(plain, lay)
+    assert "slurmrestd" not in plain.ports and "rest" not in plain.comparable()
+    with_rest = ClusterSpec(port=30000, rest=True)
+    conf = slurm_conf(with_rest, lay)
+    assert "AuthAltTypes=auth/jwt\n" in conf
+    assert f"AuthAltParameters=jwt_key={lay.jwt_key}\n" in conf
+    assert with_rest.ports["slurmrestd"] == 30080 and with_rest.comparable()["rest"] is True
+    monkeypatch.setenv("RECOVERY_DEVCLUSTER_REST", "1")
+    assert local_spec().rest and not local_spec(rest=False).rest
+    monkeypatch.setenv("RECOVERY_DEVCLUSTER_REST", "0")
+    assert not local_spec().rest
+
+
+def test_the_dev_cluster_refuses_a_state_dir_nobody_can_reach(tmp_path):
+    from recovery_devtools.devcluster.cluster import DevClusterError, _reachable_by_others
+    locked = tmp_path / "locked"
+    (locked / "dc").mkdir(parents=True)
+    locked.chmod(0o700)
+    with pytest.raises(DevClusterError, match="does not let others pass"):
+        _reachable_by_others(locked / "dc")
+    locked.chmod(0o755)
+    tmp_path.chmod(0o755)
+    for parent in tmp_path.parents:
+        if not parent.stat().st_mode & 0o001:
+            return      # this machine's temp root is private: the check above stands
+    _reachable_by_others(locked / "dc")

@@ -243,6 +243,7 @@ class DevCluster:
             user = pwd.getpwnam(REST_USER)
             os.chown(lay.rest_socket.parent, user.pw_uid, user.pw_gid)
             drop = ["-u", REST_USER]
+            _reachable_by_others(lay.root)
         else:
             env["SLURMRESTD_SECURITY"] = "disable_user_check"
         # nobody reads slurm.conf and reaches munge's socket through the state dir
@@ -501,6 +502,17 @@ class _quiet:
     def __exit__(self, exc_type, exc, tb) -> bool:
         return exc_type is not None and issubclass(exc_type, (psutil.Error,
                                                               subprocess.TimeoutExpired))
+
+
+def _reachable_by_others(root: Path) -> None:
+    """slurmrestd, as ``nobody``, must reach slurm.conf and munge's socket
+    under the state dir: every folder above it must let others pass."""
+    for folder in [*reversed(root.parents)]:
+        if not os.stat(folder).st_mode & 0o001:
+            raise DevClusterError(f"slurmrestd runs as {REST_USER} and cannot reach "
+                                  f"{root}: {folder} does not let others pass (mode "
+                                  f"{os.stat(folder).st_mode & 0o777:o}); choose a state "
+                                  f"dir under /tmp")
 
 
 PLUGIN_DIRS = ("/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/aarch64-linux-gnu/slurm-wlm",
