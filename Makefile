@@ -72,13 +72,19 @@ test: deps build
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; fi; \
 	  exit $$rc
 
-# the CLI and REST contracts side by side, on a dev cluster of their own with slurmrestd
+# the CLI and REST contracts side by side, then the recovery loop with the agent on
+# the REST backend, on a dev cluster of their own with slurmrestd
 test-rest: deps build
 	@$(BIN)/recovery-devcluster up --rest --state-dir $(REST_STATE_DIR) --port $(REST_PORT)
-	@rc=0; RECOVERY_DEVCLUSTER_REST=1 RECOVERY_DEVCLUSTER_DIR=$(REST_STATE_DIR) \
-	  RECOVERY_TEST_PORT=$(REST_PORT) $(BIN)/python -m pytest $(PYTEST_ARGS) \
-	  tests/integration/test_scheduler_contract.py \
-	  tests/integration/test_scheduler_contract_rest.py || rc=$$?; \
+	@rc=0; export RECOVERY_DEVCLUSTER_REST=1 RECOVERY_DEVCLUSTER_DIR=$(REST_STATE_DIR) \
+	  RECOVERY_TEST_PORT=$(REST_PORT); \
+	  $(BIN)/python -m pytest $(PYTEST_ARGS) tests/integration/test_scheduler_contract.py \
+	    tests/integration/test_scheduler_contract_rest.py || rc=$$?; \
+	  RECOVERY_SCHEDULER_BACKEND=rest RECOVERY_SCHEDULER_REST_USER=$$(id -un) \
+	  RECOVERY_SCHEDULER_REST_URL=http://127.0.0.1:$$(($(REST_PORT) + 80)) \
+	  RECOVERY_SCHEDULER_REST_TOKEN_FILE=$(REST_STATE_DIR)/etc/rest.token \
+	    $(BIN)/python -m pytest $(PYTEST_ARGS) tests/integration/test_recovery_live.py \
+	    || rc=$$?; \
 	  $(BIN)/recovery-devcluster down --state-dir $(REST_STATE_DIR); exit $$rc
 
 unit: deps

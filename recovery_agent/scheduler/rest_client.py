@@ -235,10 +235,12 @@ class RestClient:
 
     def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
                 body: Mapping[str, Any] | None = None, changes: bool = False,
-                version: str = "") -> dict:
+                version: str = "",
+                benign: Callable[[Mapping[str, Any]], bool] | None = None) -> dict:
         """``method path`` as a checked JSON document. ``changes`` marks a call
         that alters Slurm state (retried only when it never left); ``version``
-        is the OpenAPI version the answer must come from."""
+        is the OpenAPI version the answer must come from; ``benign`` picks the
+        entries of ``errors`` known to be false reports of that version."""
         target = self._prefix + path + (f"?{urlencode(query)}" if query else "")
         call = [method, path + (f"?{urlencode(query)}" if query else "")]
         data = json.dumps(body).encode() if body is not None else None
@@ -269,7 +271,7 @@ class RestClient:
                 attempt -= 1
                 continue
             try:
-                return self._checked(call, status, ctype, raw, version)
+                return self._checked(call, status, ctype, raw, version, benign)
             except _Retryable as exc:
                 last = exc.error
                 if changes and status != 503:
@@ -278,7 +280,7 @@ class RestClient:
         raise last
 
     def _checked(self, call: list[str], status: int, ctype: str, raw: bytes,
-                 version: str) -> dict:
+                 version: str, benign=None) -> dict:
         where = f"slurmrestd {' '.join(call)}: HTTP {status}"
         text = raw.decode("utf-8", errors="replace")
         if status in (401, 403):
@@ -299,6 +301,9 @@ class RestClient:
             if status >= 500:
                 raise _Retryable(error)
             raise error
+        if benign is not None and isinstance(doc.get("errors"), list):
+            doc["errors"] = [e for e in doc["errors"] if not (isinstance(e, Mapping)
+                                                            and benign(e))]
         said = slurm_errors(doc)
         if said:
             raise SchedulerError(f"{where}: {said[0]}", argv=call, returncode=status,

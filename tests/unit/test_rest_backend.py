@@ -596,3 +596,24 @@ def test_the_dev_cluster_refuses_a_state_dir_nobody_can_reach(tmp_path):
         if not parent.stat().st_mode & 0o001:
             return      # this machine's temp root is private: the check above stands
     _reachable_by_others(locked / "dc")
+
+
+def test_2205_false_failure_of_an_array_task_update_is_ignored(fake, server, tmp_path):
+    """22.05 answers a successful update of an array task with an error entry
+    without a number (the update took effect: checked live); a real refusal of
+    an array task carries its number."""
+    v38(fake)
+    fake.answer("POST", "/slurm/v0.0.38/job/69_3",
+                Answer(200, recorded(REST, "update_array_task.json")))
+    fake.answer("POST", "/slurm/v0.0.38/job/98765_1",
+                Answer(200, recorded(REST, "update_array_task_not_found.json")))
+    sched = rest(server, token_file=token_file(tmp_path))
+    sched.start_now("69_3")
+    sched.set_excluded_nodes("69_3", ["node1"])
+    with pytest.raises(JobNotFound):
+        sched.release("98765_1")
+    # the same entry is a refusal in any other request, and on newer versions
+    fake.answer("DELETE", "/slurm/v0.0.38/job/69_3",
+                Answer(200, recorded(REST, "update_array_task.json")))
+    with pytest.raises(SchedulerError, match="job array update"):
+        sched.cancel("69_3")
