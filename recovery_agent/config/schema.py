@@ -107,9 +107,9 @@ class SchedulerConfig:
     rest_token_lifespan: float = _doc("REST backend, jwt without a token file: lifespan of "
                                       "the tokens asked of `scontrol token`.", duration=True,
                                       default=3600.0)
-    rest_user: str = _doc("REST backend: X-SLURM-USER-NAME, the user the token belongs to "
-                          "(slurmrestd refuses root's and SlurmUser's tokens in 22.05 unless "
-                          "it runs with SLURM_JWT=daemon). Empty: the agent's own user.",
+    rest_user: str = _doc("REST backend: X-SLURM-USER-NAME, the user the token belongs to: "
+                          "an operator (root, SlurmUser or AdminLevel=Operator), since the "
+                          "agent requeues other users' jobs. Empty: the agent's own user.",
                           default="")
     rest_version: str = _doc("REST backend: the OpenAPI version to speak (e.g. v0.0.42). "
                              "Empty: the newest the server offers of v0.0.38, "

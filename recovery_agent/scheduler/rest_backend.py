@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import hostlist
 
-from ..errors import JobNotFound, NodeNotFound, SchedulerError
+from ..errors import JobNotFound, NodeNotFound, RecoveryError, SchedulerError
 from .base import Job, ListingCheck, Node, Probe
 from .cli_backend import CliScheduler
 from .cli_parse import parse_nodes, parse_squeue
@@ -126,7 +126,7 @@ class RestScheduler:
             with self._lock:
                 self._api = None
             return Probe(self.name, False, f"slurmrestd not usable: {exc}")
-        except Exception as exc:   # a bad URL or settings: say so, never crash a check
+        except (RecoveryError, OSError, ValueError) as exc:   # bad settings: say so
             return Probe(self.name, False, f"slurmrestd settings: {exc}")
         missing = self._missing_without_fallback(api)
         if missing:
