@@ -13,21 +13,26 @@ TEST_PORT      ?= 26817
 PYTEST_ARGS    ?=
 # make resilience RUNS=N: every scenario of the campaign N times (docs/resilience.md)
 RUNS           ?= 1
+# make test REST=1: the dev cluster also runs slurmrestd, and the REST contract runs
+REST           ?= 0
+REST_STATE_DIR ?= /tmp/recovery-rest-cluster-$(UID)
+REST_PORT      ?= 27817
 # ... in SHARDS pytest runs at once, each on a dev cluster of its own (ports 5000 apart)
 SHARDS         ?= 1
 
 APT_PACKAGES := slurm-wlm slurmctld slurmd slurm-client munge libmunge2 libslurm-dev \
-                gcc make python3-venv python3-dev chromium prometheus victoria-metrics \
+                slurmrestd slurm-wlm-jwt-plugin gcc make python3-venv python3-dev chromium prometheus victoria-metrics \
                 openssh-server openssh-client
 
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help deps build test unit bench resilience demo down clean
+.PHONY: help deps build test test-rest unit bench resilience demo down clean
 
 help:
 	@echo "make demo   a local Slurm cluster: a GPU fails under a training job, which recovers"
 	@echo "make test   install, build, start a dev cluster, run every test, stop it"
 	@echo "make unit   only the fast unit tests (no cluster)"
+	@echo "make test-rest  the scheduler contract through slurmrestd (REST=1 adds it to make test)"
 	@echo "make bench  hook, ingest, scanner, tailer, recovery and scale benchmarks (into docs/)"
 	@echo "make resilience [RUNS=20]  the fault campaign, slow scenarios included, every"
 	@echo "            scenario RUNS times (default 1) into docs/resilience.md; fails on any failed run"
@@ -58,12 +63,29 @@ build: deps
 	PATH=$(BIN):$$PATH $(MAKE) -s -C tests/fake_nvml
 
 test: deps build
-	@$(BIN)/recovery-devcluster up --state-dir $(TEST_STATE_DIR) --port $(TEST_PORT)
-	@rc=0; RECOVERY_DEVCLUSTER_DIR=$(TEST_STATE_DIR) RECOVERY_TEST_PORT=$(TEST_PORT) \
+	@RECOVERY_DEVCLUSTER_REST=$(REST) $(BIN)/recovery-devcluster up --state-dir $(TEST_STATE_DIR) \
+	  --port $(TEST_PORT)
+	@rc=0; RECOVERY_DEVCLUSTER_REST=$(REST) \
+	  RECOVERY_DEVCLUSTER_DIR=$(TEST_STATE_DIR) RECOVERY_TEST_PORT=$(TEST_PORT) \
 	  $(BIN)/python -m pytest $(PYTEST_ARGS) || rc=$$?; \
 	  $(BIN)/recovery-devcluster down --state-dir $(TEST_STATE_DIR); \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; fi; \
 	  exit $$rc
+
+# the CLI and REST contracts side by side, then the recovery loop with the agent on
+# the REST backend, on a dev cluster of their own with slurmrestd
+test-rest: deps build
+	@$(BIN)/recovery-devcluster up --rest --state-dir $(REST_STATE_DIR) --port $(REST_PORT)
+	@rc=0; export RECOVERY_DEVCLUSTER_REST=1 RECOVERY_DEVCLUSTER_DIR=$(REST_STATE_DIR) \
+	  RECOVERY_TEST_PORT=$(REST_PORT); \
+	  $(BIN)/python -m pytest $(PYTEST_ARGS) tests/integration/test_scheduler_contract.py \
+	    tests/integration/test_scheduler_contract_rest.py || rc=$$?; \
+	  RECOVERY_SCHEDULER_BACKEND=rest RECOVERY_SCHEDULER_REST_USER=$$(id -un) \
+	  RECOVERY_SCHEDULER_REST_URL=http://127.0.0.1:$$(($(REST_PORT) + 80)) \
+	  RECOVERY_SCHEDULER_REST_TOKEN_FILE=$(REST_STATE_DIR)/etc/rest.token \
+	    $(BIN)/python -m pytest $(PYTEST_ARGS) tests/integration/test_recovery_live.py \
+	    || rc=$$?; \
+	  $(BIN)/recovery-devcluster down --state-dir $(REST_STATE_DIR); exit $$rc
 
 unit: deps
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

@@ -15,9 +15,10 @@ from typing import Any, Mapping
 from slurm_hooks import durations
 
 from ..errors import ConfigError
-from .schema import (BACKENDS, MODES, SECTIONS, STRAGGLER_ACTIONS, AgentConfig, ApiConfig,
-                     AttributionConfig, Config, EnvironmentConfig, HooksConfig, PolicyConfig,
-                     SchedulerConfig, SourcesConfig)
+from .schema import (BACKENDS, MODES, REST_AUTHS, REST_FALLBACKS, REST_VERSIONS, SECTIONS,
+                     STRAGGLER_ACTIONS, AgentConfig, ApiConfig, AttributionConfig, Config,
+                     EnvironmentConfig, HooksConfig, PolicyConfig, SchedulerConfig,
+                     SourcesConfig)
 
 DEFAULT_PATH = Path("/etc/slurm-recovery/recovery.toml")
 ENV_PATH = "RECOVERY_CONFIG"
@@ -121,6 +122,33 @@ def _validate_scheduler(sched: SchedulerConfig) -> None:
         shlex.split(sched.ssh_options)
     except ValueError as exc:
         raise ConfigError(f"scheduler.ssh_options: {exc}") from None
+    _validate_rest(sched)
+
+
+def _validate_rest(sched: SchedulerConfig) -> None:
+    if sched.rest_auth not in REST_AUTHS:
+        raise ConfigError(f"scheduler.rest_auth: must be one of {', '.join(REST_AUTHS)}, "
+                          f"got {sched.rest_auth!r}")
+    if sched.rest_fallback not in REST_FALLBACKS:
+        raise ConfigError(f"scheduler.rest_fallback: must be one of "
+                          f"{', '.join(REST_FALLBACKS)}, got {sched.rest_fallback!r}")
+    url = sched.rest_url
+    if url and not (url.startswith(("http://", "https://")) or
+                    (url.startswith("unix:/") and len(url) > len("unix:/"))):
+        raise ConfigError(f"scheduler.rest_url: {url!r} must be http(s)://host[:port] or "
+                          "unix:/absolute/path")
+    if sched.rest_auth == "local" and url and not url.startswith("unix:"):
+        raise ConfigError("scheduler.rest_auth: local works only over a unix socket "
+                          "(rest_url = \"unix:/path\")")
+    if sched.backend == "rest" and not url:
+        raise ConfigError("scheduler.rest_url: must be set when scheduler.backend is rest")
+    if sched.rest_version and sched.rest_version not in REST_VERSIONS:
+        raise ConfigError(f"scheduler.rest_version: {sched.rest_version!r} is not one of "
+                          f"{', '.join(REST_VERSIONS)}")
+    if not 0 <= sched.rest_retries <= 10:
+        raise ConfigError("scheduler.rest_retries: must be between 0 and 10")
+    if sched.rest_token_lifespan < 60:
+        raise ConfigError("scheduler.rest_token_lifespan: at least 60s")
 
 
 def _validate_agent(agent: AgentConfig) -> None:

@@ -12,7 +12,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 MODES = ("monitor", "action", "external")
-BACKENDS = ("auto", "cli", "pyslurm")
+BACKENDS = ("auto", "cli", "pyslurm", "rest")
+REST_AUTHS = ("jwt", "local")
+REST_FALLBACKS = ("cli", "none")
+# The slurmrestd OpenAPI versions the REST backend speaks, newest first: 26.05
+# (v0.0.42-v0.0.45), 25.x (v0.0.43/44), 24.11 (v0.0.40-v0.0.42), 22.05 (v0.0.38).
+REST_VERSIONS = ("v0.0.45", "v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.38")
 STRAGGLER_ACTIONS = ("none", "kill_requeue")
 
 # Lines that show a training loop advancing: "step 120", "iteration 40/1000",
@@ -73,7 +78,8 @@ class AgentConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    backend: str = _doc("auto (first viable), cli or pyslurm.", default="auto")
+    backend: str = _doc("auto (the first viable of rest, pyslurm, cli; rest only when "
+                        "rest_url is set), cli, pyslurm or rest.", default="auto")
     command_timeout: float = _doc("Time before a Slurm command is abandoned.",
                                   duration=True, default=30.0)
     bin_dir: str = _doc("Directory of squeue/sinfo/scontrol; empty searches PATH.",
@@ -88,6 +94,36 @@ class SchedulerConfig:
                             "(e.g. \"-i /etc/slurm-recovery/id_ed25519 -p 2222\"). "
                             "BatchMode, ConnectTimeout and keepalives are always set.",
                             default="")
+    rest_url: str = _doc("REST backend: the slurmrestd to use, http(s)://host:port or "
+                         "unix:/path/to/slurmrestd.socket. Empty: no REST backend.",
+                         default="")
+    rest_auth: str = _doc("REST backend: jwt (a token in X-SLURM-USER-TOKEN; slurm.conf "
+                          "needs AuthAltTypes=auth/jwt) or local (unix socket only: "
+                          "slurmrestd acts as the socket's caller).", default="jwt")
+    rest_token_file: str = _doc("REST backend, jwt: a file holding the token (or a "
+                                "SLURM_JWT= line), re-read when it changes. Empty: ask "
+                                "`scontrol token` through the command seam, renewed at half "
+                                "its lifespan.", default="")
+    rest_token_lifespan: float = _doc("REST backend, jwt without a token file: lifespan of "
+                                      "the tokens asked of `scontrol token`.", duration=True,
+                                      default=3600.0)
+    rest_user: str = _doc("REST backend: X-SLURM-USER-NAME, the user the token belongs to: "
+                          "an operator (root, SlurmUser or AdminLevel=Operator), since the "
+                          "agent requeues other users' jobs. Empty: the agent's own user.",
+                          default="")
+    rest_version: str = _doc("REST backend: the OpenAPI version to speak (e.g. v0.0.42). "
+                             "Empty: the newest the server offers of v0.0.38, "
+                             "v0.0.40-v0.0.45.", default="")
+    rest_ca_file: str = _doc("REST backend, https: the CA bundle to trust (empty: the "
+                             "system's).", default="")
+    rest_retries: int = _doc("REST backend: extra attempts of a read after a connection "
+                             "error or a 5xx without a Slurm error (changes are retried only "
+                             "when the connection never opened).", default=2)
+    rest_fallback: str = _doc("REST backend: what runs a step the server's OpenAPI version "
+                              "has no endpoint for (22.05: requeue, node drain/resume; "
+                              "24.11: requeue): cli (the scontrol command, through the same "
+                              "seam as the CLI backend) or none (a SchedulerError).",
+                              default="cli")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..config import Config
 from ..detect.patterns import load_rules
 from ..errors import RecoveryError
-from ..scheduler import probe_all, select_scheduler
+from ..scheduler import RestSettings, probe_all, select_scheduler
 from ..scheduler.runner import SlurmRunner
 from ..inputs.sources import build_sources, check_sources
 from ..store import Store
@@ -101,7 +101,7 @@ def run_checks(cfg: Config) -> list[Result]:
     except RecoveryError as exc:
         results.append(Result("store", False, str(exc)))
     # Slurm
-    probes = probe_all(_runner(cfg))
+    probes = probe_all(_runner(cfg), RestSettings.from_config(cfg.scheduler))
     viable = [p for p in probes if p.viable]
     wanted = cfg.scheduler.backend
     ok = any(p.backend == wanted for p in viable) if wanted != "auto" else bool(viable)
@@ -196,7 +196,8 @@ def check_sources_of(cfg: Config, scheduler=None, store=None,
     notes: list[str] = []
     if scheduler is None:
         try:
-            scheduler = select_scheduler(cfg.scheduler.backend, _runner(cfg))
+            scheduler = select_scheduler(cfg.scheduler.backend, _runner(cfg),
+                                         RestSettings.from_config(cfg.scheduler))
         except RecoveryError as exc:
             notes.append(f"Slurm unavailable ({exc}): nodes and jobs not checked")
     nodes = _node_names(scheduler, notes)

@@ -4,6 +4,11 @@ Selection follows one rule: an explicit choice (config ``scheduler.backend`` or
 ``RECOVERY_SCHEDULER_BACKEND``) wins; ``auto`` takes the first viable backend in
 :data:`ORDER`; when none is viable, :class:`SchedulerUnavailable` says why for
 each one.
+
+The order: ``rest`` first, because it is viable only when a site has named its
+slurmrestd (``scheduler.rest_url``), which says what the site wants; then
+pyslurm, which avoids a fork per query where its build matches the running
+Slurm; then the CLI, which runs wherever the Slurm commands do.
 """
 from __future__ import annotations
 
@@ -13,30 +18,37 @@ from typing import TYPE_CHECKING, Callable
 from ..errors import RecoveryError, SchedulerUnavailable
 from .base import Job, Node, Probe, Scheduler
 from .cli_backend import CliScheduler
+from .rest_client import RestSettings
 from .runner import SlurmRunner
 
 if TYPE_CHECKING:
     from ..config import Config
 
-__all__ = ["Job", "Node", "Probe", "Scheduler", "CliScheduler", "SlurmRunner",
+__all__ = ["Job", "Node", "Probe", "Scheduler", "CliScheduler", "SlurmRunner", "RestSettings",
            "ORDER", "select_scheduler", "scheduler_for", "probe_all"]
 log = logging.getLogger(__name__)
 
-# pyslurm first: when it can run it avoids a fork per query.
-ORDER = ("pyslurm", "cli")
+ORDER = ("rest", "pyslurm", "cli")
 
 
-def _factories(runner: SlurmRunner) -> dict[str, Callable[[], Scheduler]]:
+def _factories(runner: SlurmRunner,
+               rest: RestSettings | None) -> dict[str, Callable[[], Scheduler]]:
     def pyslurm_factory() -> Scheduler:
         from .pyslurm_backend import PyslurmScheduler
         return PyslurmScheduler()
 
-    return {"pyslurm": pyslurm_factory, "cli": lambda: CliScheduler(runner)}
+    def rest_factory() -> Scheduler:
+        from .rest_backend import RestScheduler
+        return RestScheduler(rest or RestSettings(timeout=runner.timeout), runner)
+
+    return {"rest": rest_factory, "pyslurm": pyslurm_factory,
+            "cli": lambda: CliScheduler(runner)}
 
 
-def probe_all(runner: SlurmRunner | None = None) -> list[Probe]:
+def probe_all(runner: SlurmRunner | None = None,
+              rest: RestSettings | None = None) -> list[Probe]:
     """The viability of every backend, in selection order (for ``recovery-ctl check``)."""
-    factories = _factories(runner or SlurmRunner())
+    factories = _factories(runner or SlurmRunner(), rest)
     return [factories[name]().probe() for name in ORDER]
 
 
@@ -45,15 +57,17 @@ def scheduler_for(cfg: Config) -> Scheduler | None:
     settings), or None, with the reason logged, when none can run here."""
     runner = SlurmRunner.from_config(cfg.scheduler)
     try:
-        return select_scheduler(cfg.scheduler.backend, runner)
+        return select_scheduler(cfg.scheduler.backend, runner,
+                                RestSettings.from_config(cfg.scheduler))
     except RecoveryError as exc:
         log.warning("no scheduler backend: %s", exc)
         return None
 
 
-def select_scheduler(backend: str = "auto", runner: SlurmRunner | None = None) -> Scheduler:
+def select_scheduler(backend: str = "auto", runner: SlurmRunner | None = None,
+                     rest: RestSettings | None = None) -> Scheduler:
     """The backend to use: ``backend`` when named, else the first viable one."""
-    factories = _factories(runner or SlurmRunner())
+    factories = _factories(runner or SlurmRunner(), rest)
     if backend != "auto":
         if backend not in factories:
             raise SchedulerUnavailable(

@@ -27,9 +27,10 @@ PORT = int(os.environ.get("RECOVERY_TEST_PORT", "26817")) + 1000
 
 
 def devcluster(*args: str, env: dict | None = None, timeout: float = 120):
+    # these clusters are counted daemon by daemon: never with slurmrestd (make test REST=1)
+    env = dict(env or os.environ, RECOVERY_DEVCLUSTER_REST="0")
     return subprocess.run([sys.executable, "-m", "recovery_devtools.devcluster", *args],
-                          capture_output=True, text=True, timeout=timeout,
-                          env=env or os.environ.copy())
+                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def live_pids(state: Path) -> list[int]:

@@ -219,7 +219,7 @@ def test_three_attempts_without_a_new_checkpoint_stop(patient_agent, submit, dev
                                                       tmp_path):
     act_agent = patient_agent
     sched = devcluster.scheduler()
-    ckpt = devcluster.lay.jobs / f"never-{tmp_path.name}"
+    ckpt = devcluster.lay.jobs / f"never-{tmp_path.parent.name}-{tmp_path.name}"  # unique per run
     ckpt.mkdir()
     script = ('echo "attempt ${SLURM_RESTART_COUNT:-0}"; echo "step 1 loss 2.0"; '
               'echo "[Rank 0] Watchdog caught collective operation timeout: '

@@ -53,8 +53,12 @@ def main(verbose: bool) -> None:
 @click.option("--port", type=click.IntRange(1024, 65000), default=DEFAULT_PORT,
               show_default=True,
               help="slurmctld's port; slurmd K listens on PORT+1+K.")
+@click.option("--rest/--no-rest", default=None,
+              help="Also run slurmrestd (auth/jwt on PORT+80, local auth on a socket in "
+                   "the state dir) [default: $RECOVERY_DEVCLUSTER_REST, else off].")
 @STATE_DIR
-def up(nodes: int, gpus_per_node: int, port: int, state_dir: Path | None) -> None:
+def up(nodes: int, gpus_per_node: int, port: int, rest: bool | None,
+       state_dir: Path | None) -> None:
     """Start the cluster and wait until every node is idle (60 s at most).
 
     A healthy cluster of the same shape is reused; a stale one left by a
@@ -65,7 +69,7 @@ def up(nodes: int, gpus_per_node: int, port: int, state_dir: Path | None) -> Non
     Example:
         recovery-devcluster up --nodes 2 --gpus-per-node 8 --state-dir /tmp/dc
     """
-    spec = local_spec(nodes=nodes, gpus_per_node=gpus_per_node, port=port)
+    spec = local_spec(nodes=nodes, gpus_per_node=gpus_per_node, port=port, rest=rest)
     cluster = _cluster(state_dir)
     try:
         click.echo(cluster.up(spec))

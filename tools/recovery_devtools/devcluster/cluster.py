@@ -10,6 +10,7 @@ import errno
 import json
 import logging
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -29,6 +30,7 @@ from .config import ClusterSpec, Layout, agent_toml, write_files
 log = logging.getLogger(__name__)
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
+REST_USER = "nobody"   # whom slurmrestd runs as when the dev cluster runs as root
 START_TIMEOUT = 60.0
 MIN_FREE_BYTES = 64 * 1024 * 1024
 
@@ -93,6 +95,10 @@ class DevCluster:
         record = {"spec": spec.comparable(), "user": spec.user,
                   "nodes": spec.node_names, "slurm_conf": str(self.lay.slurm_conf),
                   "daemons": [d.__dict__ for d in daemons]}
+        if spec.rest:
+            record["rest"] = {"url": f"http://127.0.0.1:{spec.rest_port}",
+                              "socket": f"unix:{self.lay.rest_socket}",
+                              "token_file": str(self.lay.rest_token), "user": spec.user}
         tmp = self.lay.record.with_suffix(".tmp")
         tmp.write_text(json.dumps(record, indent=1) + "\n")
         tmp.replace(self.lay.record)
@@ -125,7 +131,7 @@ class DevCluster:
     def up(self, spec: ClusterSpec) -> str:
         """Start the cluster (or reuse a healthy one of the same shape); return a
         one-line summary. Raises DevClusterError with the daemon log tail."""
-        _require_binaries()
+        _require_binaries(spec)
         record = self._load()
         if record and self.is_healthy():
             if record.get("spec") == spec.comparable():
@@ -150,6 +156,10 @@ class DevCluster:
                                                      str(self.lay.slurm_conf)]))
             self._save(spec, daemons)
             self._wait_for(self._ctld_answers, deadline, "slurmctld")
+            if spec.rest:
+                daemons.extend(self._start_rest(spec))
+                self._save(spec, daemons)
+                self._wait_for(lambda: self._rest_answers(spec), deadline, "slurmrestd")
             for name in spec.node_names:
                 daemons.append(self._start(f"slurmd-{name}", ["slurmd", "-D", "-N", name,
                                                                "-f", str(self.lay.slurm_conf)]))
@@ -209,10 +219,61 @@ class DevCluster:
             f"--log-file={lay.daemon_log('munged')}", f"--seed-file={lay.munge_dir}/seed",
         ])
 
-    def _start(self, name: str, argv: list[str]) -> Daemon:
+    # -- slurmrestd (opt-in: ClusterSpec.rest) --------------------------------
+    def _start_rest(self, spec: ClusterSpec) -> list[Daemon]:
+        """Two slurmrestd: one on 127.0.0.1:rest_port with auth/jwt, one on a unix
+        socket with rest_auth/local. They cannot be one process: auth/jwt
+        becomes slurmrestd's own auth type only with SLURM_JWT=daemon, and then
+        local auth (munge) is gone. slurmrestd refuses to run as root or as
+        SlurmUser, so as root it drops to ``nobody`` (``-u``); as anyone else the
+        dev cluster's SlurmUser is that same user and the check is turned off."""
+        lay = self.lay
+        token = self.runner().run(["scontrol", "token", f"username={spec.user}",
+                                   "lifespan=86400"]).stdout
+        fd = os.open(lay.rest_token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(token.strip() + "\n")
+        if lay.rest_socket.exists():
+            lay.rest_socket.unlink()
+        # slurmrestd binds its socket after dropping to its user: a folder of its own
+        lay.rest_socket.parent.mkdir(mode=0o755, exist_ok=True)
+        drop: list[str] = []
+        env: dict[str, str] = {}
+        if os.getuid() == 0:
+            user = pwd.getpwnam(REST_USER)
+            os.chown(lay.rest_socket.parent, user.pw_uid, user.pw_gid)
+            drop = ["-u", REST_USER]
+            _reachable_by_others(lay.root)
+        else:
+            env["SLURMRESTD_SECURITY"] = "disable_user_check"
+        # nobody reads slurm.conf and reaches munge's socket through the state dir
+        os.chmod(lay.root, 0o755)
+        base = ["slurmrestd", *drop, "-f", str(lay.slurm_conf), "-s", _openapi_plugins()]
+        # SLURM_JWT: each request's token, not slurmrestd's munge credential, reaches slurmctld
+        jwt = self._start("slurmrestd", [*base, "-a", "rest_auth/jwt",
+                                         f"127.0.0.1:{spec.rest_port}"],
+                          dict(env, SLURM_JWT="daemon"))
+        local = self._start("slurmrestd-local", [*base, "-a", "rest_auth/local",
+                                                 f"unix:{lay.rest_socket}"], env)
+        return [jwt, local]
+
+    def _rest_answers(self, spec: ClusterSpec) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", spec.rest_port), timeout=1):
+                return self.lay.rest_socket.exists()
+        except OSError:
+            return False
+
+    def rest_settings(self) -> dict[str, str]:
+        """How the REST backend reaches this cluster's slurmrestd: URL, socket,
+        token file, user (empty dict when the cluster runs without it)."""
+        record = self._load() or {}
+        return dict(record.get("rest") or {})
+
+    def _start(self, name: str, argv: list[str], extra_env: dict | None = None) -> Daemon:
         exe = shutil.which(argv[0])
         assert exe, argv[0]
-        env = dict(os.environ, SLURM_CONF=str(self.lay.slurm_conf))
+        env = dict(os.environ, SLURM_CONF=str(self.lay.slurm_conf), **(extra_env or {}))
         stderr = open(self.lay.logs / f"{name}.stderr", "ab")
         try:
             proc = subprocess.Popen([exe, *argv[1:]], cwd=self.lay.logs, env=env,
@@ -361,7 +422,7 @@ class DevCluster:
 
     def _stop_daemons(self) -> list[str]:
         # slurmd first, munged last: the others need it to say goodbye
-        order = {"slurmd": 0, "slurmctld": 1, "munged": 2}
+        order = {"slurmd": 0, "slurmrestd": 0, "slurmctld": 1, "munged": 2}
         daemons = sorted(self.daemons(), key=lambda d: order.get(d.name.split("-")[0], 3))
         stopped = []
         for group in sorted(set(order.values())):
@@ -443,8 +504,49 @@ class _quiet:
                                                               subprocess.TimeoutExpired))
 
 
-def _require_binaries() -> None:
-    missing = [b for b in DAEMONS + ("scontrol", "sinfo", "squeue") if shutil.which(b) is None]
+def _reachable_by_others(root: Path) -> None:
+    """slurmrestd, as ``nobody``, must reach slurm.conf and munge's socket
+    under the state dir: every folder above it must let others pass."""
+    for folder in [*reversed(root.parents)]:
+        if not os.stat(folder).st_mode & 0o001:
+            raise DevClusterError(f"slurmrestd runs as {REST_USER} and cannot reach "
+                                  f"{root}: {folder} does not let others pass (mode "
+                                  f"{os.stat(folder).st_mode & 0o777:o}); choose a state "
+                                  f"dir under /tmp")
+
+
+PLUGIN_DIRS = ("/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/aarch64-linux-gnu/slurm-wlm",
+               "/usr/lib64/slurm", "/usr/lib/slurm", "/usr/local/lib/slurm")
+
+
+def _openapi_plugins() -> str:
+    """The OpenAPI plugins slurmrestd should load: only slurmctld's (the dbv*
+    and slurmdbd ones refuse to start without slurmdbd, which the dev cluster
+    lacks). 23.11+ ships one ``openapi/slurmctld``; 22.05 one plugin per
+    version, of which the newest is taken."""
+    found = []
+    for folder in PLUGIN_DIRS:
+        try:
+            found += os.listdir(folder)
+        except OSError:
+            continue
+    if "openapi_slurmctld.so" in found:
+        return "openapi/slurmctld"
+    versions = sorted((tuple(int(p) for p in name[len("openapi_v"):-3].split("_")), name)
+                      for name in found if name.startswith("openapi_v") and name.endswith(".so")
+                      and name[len("openapi_v"):-3].replace("_", "").isdigit())
+    if not versions:
+        raise DevClusterError("no slurmrestd OpenAPI plugin found (apt-get install slurmrestd)")
+    return "openapi/v" + ".".join(str(p) for p in versions[-1][0])
+
+
+def _require_binaries(spec: ClusterSpec | None = None) -> None:
+    wanted = DAEMONS + ("scontrol", "sinfo", "squeue")
+    if spec is not None and spec.rest:
+        if shutil.which("slurmrestd") is None:
+            raise DevClusterError("slurmrestd is not installed (apt-get install slurmrestd "
+                                  "slurm-wlm-jwt-plugin)")
+    missing = [b for b in wanted if shutil.which(b) is None]
     if missing:
         raise DevClusterError(f"Slurm is not installed: {', '.join(missing)} not found "
                               f"(run `make deps`, or apt-get install slurm-wlm munge)")

@@ -102,6 +102,21 @@ class Layout:
     def daemon_log(self, daemon: str) -> Path:
         return self.logs / f"{daemon}.log"
 
+    @property
+    def jwt_key(self) -> Path:
+        """The HS256 key slurmctld checks slurmrestd's tokens with (REST only)."""
+        return self.etc / "jwt.key"
+
+    @property
+    def rest_token(self) -> Path:
+        """A token from ``scontrol token`` for the REST backend (REST only)."""
+        return self.etc / "rest.token"
+
+    @property
+    def rest_socket(self) -> Path:
+        """slurmrestd's unix socket (local auth: it acts as its own user)."""
+        return self.run_dir / "rest" / "slurmrestd.sock"
+
 
 @dataclass(frozen=True)
 class ClusterSpec:
@@ -116,6 +131,7 @@ class ClusterSpec:
     spank_plugin: str = ""
     spank_args: str = ""
     extra_conf: tuple[str, ...] = ()   # more slurm.conf lines (benchmarks: RequeueExit=...)
+    rest: bool = False       # also run slurmrestd (auth/jwt on rest_port, local on a socket)
 
     @property
     def node_names(self) -> list[str]:
@@ -127,11 +143,19 @@ class ClusterSpec:
         return self.port + 90
 
     @property
+    def rest_port(self) -> int:
+        """slurmrestd's TCP port, when ``rest`` is on."""
+        return self.port + 80
+
+    @property
     def ports(self) -> dict[str, int]:
-        """slurmctld on ``port``; slurmd of node K on ``port + 1 + K``."""
+        """slurmctld on ``port``; slurmd of node K on ``port + 1 + K``;
+        slurmrestd on ``port + 80`` when it runs."""
         ports = {"slurmctld": self.port}
         for i, name in enumerate(self.node_names, start=1):
             ports[f"slurmd-{name}"] = self.port + 1 + i
+        if self.rest:
+            ports["slurmrestd"] = self.rest_port
         return ports
 
     def comparable(self) -> dict:
@@ -139,19 +163,25 @@ class ClusterSpec:
         return {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "port": self.port,
                 "hooks_bin": self.hooks_bin, "fake_nvml": self.fake_nvml,
                 "spank_plugin": self.spank_plugin,
-                "spank_args": self.spank_args, "extra_conf": list(self.extra_conf)}
+                "spank_args": self.spank_args, "extra_conf": list(self.extra_conf),
+                # only when on: clusters recorded before slurmrestd existed stay reusable
+                **({"rest": True} if self.rest else {})}
 
 
 def local_spec(nodes: int = DEFAULT_NODES, gpus_per_node: int = DEFAULT_GPUS,
-               port: int = DEFAULT_PORT) -> ClusterSpec:
+               port: int = DEFAULT_PORT, rest: bool | None = None) -> ClusterSpec:
     """A spec wired to what this install has: the node hooks when their entry
-    points are on PATH, the SPANK plugin when it is built in this checkout."""
+    points are on PATH, the SPANK plugin when it is built in this checkout.
+    slurmrestd runs only when asked (``rest``, else ``RECOVERY_DEVCLUSTER_REST=1``):
+    it needs the slurmrestd and slurm-wlm-jwt-plugin packages."""
+    if rest is None:
+        rest = os.environ.get("RECOVERY_DEVCLUSTER_REST", "") not in ("", "0")
     checkout = Path(__file__).resolve().parents[3]   # tools/recovery_devtools/devcluster/
     plugin = checkout / "spank" / "slurm_recovery.so"
     nvml = checkout / "tests" / "fake_nvml" / "libnvidia-ml.so.1"
     return ClusterSpec(nodes=nodes, gpus_per_node=gpus_per_node, port=port,
                        hooks_bin=hooks_bin(), fake_nvml=str(nvml) if nvml.exists() else "",
-                       spank_plugin=str(plugin) if plugin.exists() else "")
+                       spank_plugin=str(plugin) if plugin.exists() else "", rest=rest)
 
 
 HOOKS = {"prolog": "recovery-prolog", "epilog": "recovery-epilog",
@@ -217,6 +247,9 @@ def slurm_conf(spec: ClusterSpec, lay: Layout) -> str:
                   f"Epilog={lay.hook_wrapper('epilog')}",
                   f"HealthCheckProgram={lay.hook_wrapper('health')}",
                   "HealthCheckInterval=60", "HealthCheckNodeState=ANY"]
+    if spec.rest:
+        # slurmrestd hands each request's token to slurmctld, which checks it with the key
+        lines += ["AuthAltTypes=auth/jwt", f"AuthAltParameters=jwt_key={lay.jwt_key}"]
     lines += list(spec.extra_conf)
     lines += [
         f"NodeName=node[1-{spec.nodes}] NodeHostname=localhost NodeAddr=127.0.0.1 "
@@ -317,6 +350,10 @@ def write_files(spec: ClusterSpec, lay: Layout) -> None:
             fh.write(os.urandom(1024))
     os.chmod(lay.run_dir, 0o755)
     os.chmod(lay.jobs, 0o1777)
+    if spec.rest and not lay.jwt_key.exists():
+        fd = os.open(lay.jwt_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(os.urandom(64))
     lay.slurm_conf.write_text(slurm_conf(spec, lay))
     lay.agent_config.write_text(agent_toml(spec, lay))
     if spec.hooks_bin:
