@@ -319,6 +319,9 @@ class LedgerConfig:
     seen_within: float = _doc("An attempt the agent first saw later than this after its "
                               "start ran before the agent watched it (its earlier "
                               "checkpoints count as unknown).", duration=True, default=120.0)
+    time_slack: float = _doc("A checkpoint of the failed attempt dated at most this after "
+                             "the failure counts as saved at the failure (work lost 0); "
+                             "later, its work lost is unknown.", duration=True, default=3.0)
 
 
 SECTIONS: dict[str, type] = {"agent": AgentConfig, "scheduler": SchedulerConfig,

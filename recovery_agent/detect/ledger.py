@@ -42,13 +42,18 @@ class Assumptions:
     ``hang_noticed_after_s``: how long plain Slurm leaves a hung job before
     someone ends it; None (the default): unknown, so a hang's saving is unknown.
     ``seen_within_s``: an attempt first seen later than this after its start
-    ran before the agent watched it."""
+    ran before the agent watched it.
+    ``time_slack_s``: a checkpoint of the failed attempt dated at most this
+    after the failure was saved at the failure (work lost 0): the failure time
+    can be Slurm's end time, in whole seconds, and a checkpoint's the time the
+    agent read its save line; later than that, work lost is unknown."""
 
     requeue_delay_s: float = 120.0
     repeat_on_node: bool = True
     restart_after_decision_s: float = 30.0
     hang_noticed_after_s: float | None = None
     seen_within_s: float = 120.0
+    time_slack_s: float = 3.0
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -199,8 +204,16 @@ def _work_lost(job: JobRecord, att: AttemptRecord, inc: Incident,
     if inc.failure is None:
         return
     before = [c for c in job.checkpoints if c.time <= inc.failure]
-    if any(c.time > inc.failure and c.attempt == att.attempt for c in job.checkpoints):
+    after = [c.time - inc.failure for c in job.checkpoints
+             if c.time > inc.failure and c.attempt == att.attempt]
+    if any(late > assume.time_slack_s for late in after):
         inc.unknown["work_lost"] = "a checkpoint of this attempt is dated after its failure"
+        return
+    if after:
+        # saved at the failure, as far as the clocks tell (Slurm's whole seconds,
+        # the agent's reading of the save line): nothing was lost
+        inc.work_lost_s = 0.0
+        inc.unknown["steps_lost"] = "the step at the failure is not recorded"
         return
     if not before:
         late = (att.first_seen is not None and att.start is not None

@@ -17,7 +17,7 @@ def assumptions(cfg: Config) -> Assumptions:
     return Assumptions(requeue_delay_s=led.requeue_delay, repeat_on_node=led.repeat_on_node,
                        restart_after_decision_s=led.restart_after_decision,
                        hang_noticed_after_s=led.hang_noticed_after or None,
-                       seen_within_s=led.seen_within)
+                       seen_within_s=led.seen_within, time_slack_s=led.time_slack)
 
 
 def job_record(store: Store, row: dict) -> JobRecord:

@@ -343,3 +343,21 @@ def test_summary_line_wording():
     line = summary_line({"incidents": 3, "gpu_s_lost": 41 * 60, "unknown_lost": 0,
                          "saved_s": 7500, "unknown_saved": 0, "would_have": False})
     assert line == "3 incidents, 41 GPU-min lost, 2 h 05 min saved vs plain Slurm"
+
+
+def test_checkpoint_just_after_the_failure_is_saved_at_it(store):
+    """Slurm's end time is whole seconds, a save line's time when the agent read
+    it: a checkpoint 1 s after the failure lost nothing; 10 s after, unknown."""
+    pk = _attempt(store, "4425", 0, T, T + 250, "FAILED")
+    _ckpt(store, pk, 0, 40, T + 251)
+    _rec(store, pk, 0, "requeue_exclude", "gpu_hardware", T + 250, T + 255,
+         nodes=("node2",), running_again=T + 290)
+    (inc,) = _summary(store, pk)["detail"]
+    assert inc["work_lost_s"] == 0 and inc["gpu_s_lost"] == 8 * 40
+    late = _attempt(store, "4426", 0, T, T + 250, "FAILED")
+    _ckpt(store, late, 0, 40, T + 260)
+    _rec(store, late, 0, "requeue_exclude", "gpu_hardware", T + 250, T + 255,
+         nodes=("node2",), running_again=T + 290)
+    (inc,) = _summary(store, late)["detail"]
+    assert inc["work_lost_s"] is None
+    assert inc["unknown"]["work_lost"] == "a checkpoint of this attempt is dated after its failure"
