@@ -10,6 +10,10 @@ from ..detect.ledger import (AttemptRecord, Assumptions, DecisionRecord, Inciden
 from ..store import Store
 
 BY = ("env", "user", "category", "node")
+# states of an attempt not ended yet: the end time Slurm lists then is when it
+# would reach its time limit, not an end
+RUNNING = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING",
+                     "COMPLETING", "STAGE_OUT", "SIGNALING"})
 
 
 def assumptions(cfg: Config) -> Assumptions:
@@ -25,7 +29,8 @@ def job_record(store: Store, row: dict) -> JobRecord:
     pk = row["id"]
     gpus = store.attempt_gpus(pk)
     attempts = tuple(AttemptRecord(
-        attempt=a["attempt"], start=_time(a["start_time"]), end=_time(a["end_time"]),
+        attempt=a["attempt"], start=_time(a["start_time"]),
+        end=None if (a["state"] or "") in RUNNING else _time(a["end_time"]),
         state=a["state"], nodes=tuple(a["nodes"]), gpus=gpus.get(a["attempt"]),
         first_seen=a["first_seen"]) for a in store.attempts(pk))
     acted = store.first_step_times(pk)

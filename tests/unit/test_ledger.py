@@ -42,7 +42,9 @@ def _attempt(store, job_id, restarts, start, end, state, nodes=("node1", "node2"
     with store.lock:
         pk = store.record_job(job, "c1", env=env, spec=env)
         store.record_attempt(pk, job)
-    for i, node in enumerate(nodes if gpus else ()):
+    for node in nodes if gpus else ():
+        if store.report_by_id(f"{job_id}-{submit}-{restarts}-{node}"):
+            continue     # the same attempt listed again
         store.add_report({"report_id": f"{job_id}-{submit}-{restarts}-{node}", "hook": "prolog",
                           "node": node, "job": pk, "attempt": restarts,
                           "received": (start or T) + 1, "gpu_count": gpus})
@@ -361,3 +363,15 @@ def test_checkpoint_just_after_the_failure_is_saved_at_it(store):
     (inc,) = _summary(store, late)["detail"]
     assert inc["work_lost_s"] is None
     assert inc["unknown"]["work_lost"] == "a checkpoint of this attempt is dated after its failure"
+
+
+def test_a_running_attempts_listed_end_is_not_an_end(store):
+    """Slurm lists a running job's end as when its time limit falls: the
+    ledger reads no end, so ETTR leaves the job out rather than count a year."""
+    pk = _xid_recovery(store)
+    _attempt(store, "4410", 1, T + 290, T + 365 * 86400, "RUNNING", nodes=("node1", "node3"),
+             submit=1001)
+    record = gather.job_record(store, store.job(pk))
+    assert record.attempts[1].end is None
+    g = gather.report(store, CFG, T - 10, T + 1000)["groups"]["all"]
+    assert g["ettr"] is None and g["ettr_unknown_jobs"] == 1 and g["recovered"] == 1
