@@ -224,6 +224,8 @@ def test_ettr_of_the_xid_job(store):
 
 # -- each unknown, honestly -----------------------------------------------------
 def test_missing_checkpoint_is_unknown_not_zero(store):
+    # the attempt starts now: the agent saw it at its start (T was taken at import)
+    T = float(int(time.time()))
     pk = _attempt(store, "4420", 0, T, T + 252, "FAILED")
     _rec(store, pk, 0, "requeue_exclude", "gpu_hardware", T + 250, T + 255,
          nodes=("node2",), running_again=T + 290)
