@@ -336,10 +336,34 @@ class SourcesConfig:
                            "<agent.state_dir>/cursors.", default="")
 
 
+@dataclass(frozen=True)
+class LedgerConfig:
+    """The goodput ledger's assumptions about plain Slurm (docs/goodput.md)."""
+
+    requeue_delay: float = _doc("The wait plain Slurm puts on a requeued job before it "
+                                "may start again (its BeginTime).", duration=True,
+                                default=120.0)
+    repeat_on_node: bool = _doc("Under plain Slurm, a fault that stays with a node nothing "
+                                "excluded costs one more attempt (as long as the failed "
+                                "one ran, plus one more requeue delay).", default=True)
+    restart_after_decision: float = _doc("Monitor mode: how long after our decision the "
+                                         "job would have run again had we acted.",
+                                         duration=True, default=30.0)
+    hang_noticed_after: float = _doc("How long plain Slurm leaves a hung job before someone "
+                                     "ends it; 0: unknown (a hang's saving is then unknown).",
+                                     duration=True, default=0.0)
+    seen_within: float = _doc("An attempt the agent first saw later than this after its "
+                              "start ran before the agent watched it (its earlier "
+                              "checkpoints count as unknown).", duration=True, default=120.0)
+    time_slack: float = _doc("A checkpoint of the failed attempt dated at most this after "
+                             "the failure counts as saved at the failure (work lost 0); "
+                             "later, its work lost is unknown.", duration=True, default=3.0)
+
+
 SECTIONS: dict[str, type] = {"agent": AgentConfig, "scheduler": SchedulerConfig,
                              "store": StoreConfig, "api": ApiConfig, "hooks": HooksConfig,
                              "policy": PolicyConfig, "sources": SourcesConfig,
-                             "attribution": AttributionConfig}
+                             "attribution": AttributionConfig, "ledger": LedgerConfig}
 
 
 @dataclass(frozen=True)
@@ -352,6 +376,7 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
     sources: SourcesConfig = field(default_factory=SourcesConfig)
+    ledger: LedgerConfig = field(default_factory=LedgerConfig)
     environments: Mapping[str, EnvironmentConfig] = field(
         default_factory=lambda: {"default": EnvironmentConfig()})
     source: str = ""

@@ -29,6 +29,7 @@ from ..errors import RecoveryError, StoreError
 from ..decide.policy import effective_mode
 from ..scheduler import Scheduler, scheduler_for
 from ..store import Recommendation, Status, Store
+from . import ledger
 
 log = logging.getLogger(__name__)
 STATUSES = tuple(s.value for s in Status)
@@ -212,6 +213,17 @@ class Service:
         return {"job": decoded(row), "attempts": self.store.attempts(row["id"]),
                 "detections": self.store.detections(row["id"]),
                 "recommendations": [r.to_dict() for r in recs]}
+
+    def job_goodput(self, job_id: str, who: Caller | None = None) -> dict:
+        """The job's goodput ledger: its incidents and their totals
+        (:mod:`.ledger`)."""
+        row = self.job_row(job_id)
+        may_read(who, row["user"], f"job {job_id}")
+        return ledger.job_summary(self.store, self.cfg, row)
+
+    def goodput(self, since: float, until: float, by: str | None = None) -> dict:
+        """The goodput ledger of the cluster over a window (:mod:`.ledger`)."""
+        return ledger.report(self.store, self.cfg, since, until, by)
 
     def timeline(self, job_id: str, who: Caller | None = None) -> list[dict]:
         """The job's events with each recommendation step merged in, in time order."""

@@ -6,7 +6,8 @@ transactions here; its queries are grouped by what they serve and mixed into
 it: :mod:`.jobs` (jobs and attempts), :mod:`.timeline` (events, detections),
 :mod:`.recs` (recommendations, their steps), :mod:`.nodes` (strikes, nodes,
 the hooks' reports), :mod:`.state` (the agent's own state, its claim, log
-cursors) and :mod:`.counts` (the metrics); the verdict's node-evidence
+cursors), :mod:`.counts` (the metrics) and :mod:`.ledger` (the goodput
+ledger's inputs); the verdict's node-evidence
 queries are :mod:`.reports`, the lock file :mod:`.lock`. A recommendation
 comes out as a :class:`~.records.Recommendation` (its JSON columns decoded in
 :mod:`.recs`, nowhere else). A job is keyed by (cluster, job id, submit time),
@@ -26,6 +27,7 @@ from ..errors import StoreError
 from . import files
 from .counts import CountQueries
 from .jobs import JobQueries, same_job
+from .ledger import LedgerQueries
 from .lock import StoreLock
 from .migrations import MIGRATIONS, applied, migrate
 from .nodes import NodeQueries
@@ -48,7 +50,7 @@ STORE_ERRORS = (StoreError, sqlite3.Error)  # whatever a store write may raise
 
 
 class Store(JobQueries, TimelineQueries, RecQueries, NodeQueries, StateQueries,
-            CountQueries):
+            CountQueries, LedgerQueries):
     """Open (creating and migrating as needed) the store at ``path``.
 
     A new store file is made 0600 (see :mod:`.files`); an empty or damaged

@@ -112,7 +112,9 @@ class RunningChecks:
                                          f"checkpoint {newest.path}"
                                          + (f" step {newest.step}" if newest.step is not None
                                             else ""), attempt=watch.attempt,
-                                         source=newest.source)
+                                         source=newest.source,
+                                         data={"path": newest.path, "step": newest.step,
+                                               "time": newest.time})
             except STORE_ERRORS as exc:
                 self._defer(exc)   # written next time round
                 return

@@ -1,5 +1,6 @@
 """The record: ``recovery-ctl audit`` (every recommendation with its evidence
-and steps) and ``recovery-ctl report`` (monitor mode scored against humans)."""
+and steps) and ``recovery-ctl report`` (monitor mode scored against humans;
+``report goodput`` is :mod:`.goodput`)."""
 from __future__ import annotations
 
 import csv
@@ -12,6 +13,7 @@ from ...errors import RecoveryError
 from ...scheduler import scheduler_for
 from ..report import build
 from .client import Client, _config_option, _db_option, _url_option
+from .goodput import goodput
 from .output import _dump, _json_option, _parse_time, _table, _when
 
 
@@ -103,23 +105,28 @@ def audit(since, until, job_id, fmt, as_json, config_path, db_path, url) -> None
             click.echo(f"      {_when(s['ts'])} {s['step']:<14} {s['state']:<8} {s['detail']}")
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @click.option("--since", default="7d", show_default=True,
               help="ISO time, or a duration back (24h, 7d).")
 @click.option("--until", default=None, help="ISO time, or a duration back [default: now].")
 @_config_option
 @_db_option
 @_json_option
-def report(since, until, config_path, db_path, as_json) -> None:
+@click.pass_context
+def report(ctx, since, until, config_path, db_path, as_json) -> None:
     """Score monitor mode: each would_have recommendation against what humans did
     in Slurm meanwhile (requeues, cancels, drains with their reasons). Prints the
     agreement, precision and recall of node exclusions, and every case where the
     two differ. Run it before switching an environment to action mode.
+    ``report goodput``: what recovery saved (docs/goodput.md).
 
     \b
     Example:
         recovery-ctl report --since 14d
+        recovery-ctl report goodput --since 30d --by category
     """
+    if ctx.invoked_subcommand is not None:
+        return
     client = Client(config_path, db_path, None, readonly=True)
     if client.service is None:
         raise click.ClickException(f"report: cannot read the store {client.cfg.store_path} "
@@ -154,3 +161,6 @@ def report(since, until, config_path, db_path, as_json) -> None:
         _table(result.differ, [("rec", "REC"), ("job", "JOBID"), ("attempt", "ATTEMPT"),
                                ("would_have", "WOULD_HAVE"), ("nodes", "NODES"),
                                ("humans", "HUMANS"), ("reason", "REASON")])
+
+
+report.add_command(goodput)

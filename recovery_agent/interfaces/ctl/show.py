@@ -7,6 +7,7 @@ from dataclasses import asdict
 import click
 
 from .client import Client, _config_option, _db_option, _url_option
+from .goodput import summary_line
 from .inputs import job_states, node_names
 from .output import (_dump, _json_option, _score, _table, _when, _yes, listing_options,
                      node_health)
@@ -102,6 +103,8 @@ def show_job(job_id: str, config_path, db_path, url, as_json: bool) -> None:
                 f"Mode={row.get('effective_mode') or row['mode'] or '-'} "
                 f"State={row['state']} "
                 f"Restarts={row['restart_count']}", bold=True)
+    if client.service is not None:
+        click.echo(f"  Goodput: {summary_line(client.call('job_goodput', job_id))}")
     for a in detail["attempts"]:
         click.echo(f"  Attempt={a['attempt']} State={a['state'] or '-'} "
                    f"Nodes={','.join(a['nodes']) or '-'} Checkpoint={a['ckpt_path'] or '-'}")
