@@ -53,7 +53,7 @@ suite_files() {   # SUITE... -> the test files
 if [ "$version" = 22.05 ]; then
     bin=${BIN:-$repo/.venv/bin}
     state=${SLURM_MATRIX_STATE:-/tmp/slurm-matrix-host-$(id -u)}
-    host=$(sinfo -V 2>/dev/null | awk '{print $2}')
+    host=$(slurmctld -V 2>/dev/null | awk '{print $2}' || true)
     case $host in 22.05.*) ;; *) die "the host's Slurm is '${host:-missing}', not 22.05" ;; esac
     say "the host's Slurm $host, dev cluster on port $port"
     cd "$repo"
@@ -63,7 +63,7 @@ if [ "$version" = 22.05 ]; then
     rc=0
     start=$SECONDS
     # shellcheck disable=SC2086
-    RECOVERY_DEVCLUSTER_DIR=$state RECOVERY_TEST_PORT=$port \
+    RECOVERY_DEVCLUSTER_DIR=$state RECOVERY_TEST_PORT=$port RECOVERY_SPANK_TEST_PORT=$((port + 40)) \
         "$bin/python" -m pytest -p no:cacheprovider -q $files ${PYTEST_ARGS:-} || rc=$?
     say "suites took $((SECONDS - start))s (rc=$rc)"
     "$bin/recovery-devcluster" down --state-dir "$state" || true

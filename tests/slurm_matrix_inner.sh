@@ -46,7 +46,8 @@ recovery-devcluster up --state-dir $state --port "$port"
 rc=0
 t=$SECONDS
 # shellcheck disable=SC2086
-RECOVERY_DEVCLUSTER_DIR=$state RECOVERY_TEST_PORT=$port \
+# the SPANK suite's own two-node cluster inside our range too (P+40..P+43)
+RECOVERY_DEVCLUSTER_DIR=$state RECOVERY_TEST_PORT=$port RECOVERY_SPANK_TEST_PORT=$((port + 40)) \
     python -m pytest -p no:cacheprovider -q "$@" ${PYTEST_ARGS:-} || rc=$?
 say "suites took $((SECONDS - t))s (rc=$rc)"
 recovery-devcluster down --state-dir $state >/dev/null 2>&1 || true
