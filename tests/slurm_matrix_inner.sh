@@ -19,20 +19,44 @@ case $version in
     *) die "the chroot's Slurm is $version, not $SLURM_WANT (the Debian suite moved on?)" ;;
 esac
 
+# bytecode of this Python stays out of the checkout
+export PYTHONPYCACHEPREFIX=/tmp/pycache
+
+# pip install -e writes <name>.egg-info into the source tree, and the host's wheel
+# build (make install, make deb) would then pick up this setuptools' files: while pip
+# runs, each egg-info directory is a tmpfs of this mount namespace only
+hide_egg_info() {
+    local egg
+    for egg in /src/slurm_recovery.egg-info /src/tools/slurm_recovery_devtools.egg-info; do
+        if [ ! -d "$egg" ]; then mkdir "$egg"; made_eggs="$made_eggs $egg"; fi
+        mount -t tmpfs tmpfs "$egg"
+        mounted_eggs="$mounted_eggs $egg"
+    done
+}
+show_egg_info() {
+    local egg
+    for egg in $mounted_eggs; do umount "$egg"; done
+    for egg in $made_eggs; do rmdir "$egg"; done
+    mounted_eggs= made_eggs=
+}
+mounted_eggs= made_eggs=
+
 t=$SECONDS
 if [ "$(cat $venv/.key 2>/dev/null)" != "$VENV_KEY" ]; then
     say "a virtualenv with the checkout (pip, from PyPI)"
     rm -rf $venv
     python3 -m venv $venv
     $venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+    hide_egg_info
+    trap show_egg_info EXIT
     (cd /src && $venv/bin/python -m pip install -q --disable-pip-version-check \
         -e '.[test]' -e tools)
+    show_egg_info
+    trap - EXIT
     echo "$VENV_KEY" >$venv/.key
     say "virtualenv ready in $((SECONDS - t))s"
 fi
 export PATH=$venv/bin:$PATH
-# bytecode of this Python stays out of the checkout
-export PYTHONPYCACHEPREFIX=/tmp/pycache
 
 t=$SECONDS
 mkdir -p $plugin_dir
