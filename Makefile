@@ -42,6 +42,8 @@ help:
 	@echo "make uninstall  remove what make install added (keeps a changed config and the store)"
 	@echo "make deb    dist/slurm-recovery_<version>_<arch>.deb for apt install"
 	@echo "make install-test  the .deb in a debootstrap chroot of Debian 12 (root, a few minutes)"
+	@echo "make test-slurm [SLURM=24.11|26.05|22.05] [SUITES=contract recovery ...]  the live"
+	@echo "            suites on another Slurm, in a debootstrap chroot (root; docs/slurm-versions.md)"
 
 deps: $(VENV)/.installed
 	@dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || { \
@@ -175,3 +177,25 @@ install-test: deps deb
 	  debootstrap lintian
 	RECOVERY_DEB=$(CURDIR)/$(DEB) $(BIN)/python -m pytest -m install \
 	  tests/integration/test_install_chroot.py $(PYTEST_ARGS)
+
+# ---- the live suites on other Slurm releases (docs/slurm-versions.md) ------
+# make test-slurm SLURM=24.11: the contract, recovery, SPANK, hooks and fault
+# suites against Debian trixie's Slurm 24.11 in a debootstrap chroot (26.05:
+# sid; 22.05: this host's own Slurm). No SLURM: the whole matrix, one after the
+# other. Needs root and the Debian mirror the first time; the chroot and its
+# virtualenv are cached as tarballs in SLURM_CHROOT_CACHE.
+SLURM              ?=
+SLURM_MATRIX       ?= 22.05 24.11 26.05
+SUITES             ?= contract recovery spank hooks faults
+SLURM_CHROOT_CACHE ?= $(CURDIR)/build/slurm-chroots
+SLURM_MATRIX_PORT  ?= 27817
+
+.PHONY: test-slurm
+test-slurm: deps build
+	@command -v debootstrap >/dev/null || \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends debootstrap
+	@rc=0; for v in $(or $(SLURM),$(SLURM_MATRIX)); do \
+	  $(SUDO) env SLURM_CHROOT_CACHE='$(SLURM_CHROOT_CACHE)' \
+	    SLURM_MATRIX_PORT='$(SLURM_MATRIX_PORT)' BIN='$(BIN)' PYTEST_ARGS='$(PYTEST_ARGS)' \
+	    bash tests/slurm_matrix.sh $$v $(SUITES) || rc=1; \
+	done; exit $$rc

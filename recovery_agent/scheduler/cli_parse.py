@@ -36,6 +36,12 @@ NODE_BASE_STATES = frozenset({"IDLE", "ALLOCATED", "MIXED", "DOWN", "FUTURE", "E
 JOB_BASE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED",
                              "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
                              "DEADLINE", "OUT_OF_MEMORY"})
+# Flags that 22.05 printed as the job's one state word (Slurm's job_state_string puts a
+# flag before the base state, in this order). From 23.02 ``job_state`` is a list, and a
+# requeued job reads ["PENDING", "COMPLETING"] while its old allocation still winds
+# down (24.11: its steps, the epilog; the requeue, which sets BeginTime, lands only
+# after that). Read as plain PENDING, the job would look requeued too early.
+JOB_TRANSITION_FLAGS = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "RESIZING", "SIGNALING")
 HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin", "job_requeued_in_held_state",
                           "JobHeld"})
 
@@ -91,6 +97,19 @@ def split_state(value: Any, base_states: frozenset[str]) -> tuple[str, frozenset
     base = next((p for p in parts if p in base_states), parts[0] if parts else "UNKNOWN")
     flags = frozenset(p for p in parts if p != base)
     return base, flags
+
+
+def job_state(value: Any) -> tuple[str, frozenset[str]]:
+    """A job's state and flags. 22.05's one word is taken as it is; from a list
+    (23.02 and later) a transition flag is the state, as 22.05 would have printed
+    it, and the base state joins the flags."""
+    state, flags = split_state(value, JOB_BASE_STATES)
+    if isinstance(value, str):
+        return state, flags
+    shown = next((f for f in JOB_TRANSITION_FLAGS if f in flags), None)
+    if shown is None:
+        return state, flags
+    return shown, (flags - {shown}) | {state}
 
 
 def exit_status(value: Any) -> tuple[int | None, int | None]:
@@ -164,7 +183,7 @@ def job_from_json(raw: Mapping[str, Any], version: tuple[int, int, int]) -> Job:
     """One entry of ``squeue --json``'s ``jobs`` list as a :class:`Job`."""
     numeric = number(raw.get("job_id")) or 0
     job_id, array_job, task, spec = _job_id_text(raw, numeric)
-    state, flags = split_state(raw.get("job_state"), JOB_BASE_STATES)
+    state, flags = job_state(raw.get("job_state"))
     code, sig = exit_status(raw.get("exit_code"))
     reason = raw.get("state_reason") or ""
     hold = raw.get("hold")

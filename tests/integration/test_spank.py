@@ -2,9 +2,9 @@
 submit host against the shared cases, and an accepted spec reaches the job as
 SLURM_RECOVERY in its canonical form.
 
-These tests run a two-node cluster of their own (port RECOVERY_TEST_PORT+2000)
-whose plugstack line carries plugin arguments, and a prolog that records the
-option variable Slurm hands to prolog scripts.
+These tests run a two-node cluster of their own (port RECOVERY_TEST_PORT+2000, or
+RECOVERY_SPANK_TEST_PORT) whose plugstack line carries plugin arguments, and a
+prolog that records the option variable Slurm hands to prolog scripts.
 """
 from __future__ import annotations
 
@@ -26,8 +26,11 @@ from tests.integration.conftest import wait_for
 pytestmark = pytest.mark.live
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGIN = ROOT / "spank" / "slurm_recovery.so"
-PORT = int(os.environ.get("RECOVERY_TEST_PORT", "26817")) + 2000
+# RECOVERY_SPANK_PLUGIN: a build against another release's headers (tests/slurm_matrix.sh)
+PLUGIN = Path(os.environ.get("RECOVERY_SPANK_PLUGIN") or ROOT / "spank" / "slurm_recovery.so")
+# RECOVERY_SPANK_TEST_PORT: this cluster's own port, where +2000 is someone else's
+PORT = int(os.environ.get("RECOVERY_SPANK_TEST_PORT")
+           or int(os.environ.get("RECOVERY_TEST_PORT", "26817")) + 2000)
 ALLOWED = ("lab", "prod", "default", "team-a_1", "a" * 64)
 SPANK_ARGS = f"default_env=lab allowed_envs={','.join(ALLOWED)}"
 CASES = json.loads((FIXTURES / "spec_cases.json").read_text())
@@ -48,7 +51,10 @@ def prolog_script(out_dir: Path) -> str:
 
 @pytest.fixture(scope="session")
 def spank_plugin() -> Path:
-    source = PLUGIN.with_name("slurm_recovery.c")
+    source = ROOT / "spank" / "slurm_recovery.c"
+    if os.environ.get("RECOVERY_SPANK_PLUGIN"):
+        assert PLUGIN.is_file(), f"RECOVERY_SPANK_PLUGIN={PLUGIN} is not a file"
+        return PLUGIN
     if not PLUGIN.exists() or PLUGIN.stat().st_mtime < source.stat().st_mtime:
         built = subprocess.run(["make", "-C", str(PLUGIN.parent)], capture_output=True,
                                text=True, timeout=120)

@@ -25,7 +25,7 @@ import psutil
 from recovery_agent.errors import RecoveryError, SchedulerError
 from recovery_agent.scheduler.cli_backend import CliScheduler
 from recovery_agent.scheduler.runner import SlurmRunner
-from .config import ClusterSpec, Layout, agent_toml, write_files
+from .config import ClusterSpec, Layout, agent_toml, slurm_release, write_files
 
 log = logging.getLogger(__name__)
 
@@ -179,12 +179,19 @@ class DevCluster:
                 raise DevClusterError(
                     f"not enough free space in {self.lay.root}: {free // 1024} KiB free, "
                     f"need {MIN_FREE_BYTES // 2**20} MiB")
-            write_files(spec, self.lay)
+            write_files(spec, self.lay, self._release())
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise DevClusterError(f"state dir {self.lay.root} is on a full disk") from None
             raise DevClusterError(f"cannot write state dir {self.lay.root}: "
                                   f"{exc.strerror or exc}") from None
+
+    def _release(self) -> tuple[int, int]:
+        """The installed Slurm's (major, minor); (0, 0) when it does not say."""
+        try:
+            return slurm_release(self.runner(timeout=10).run(["slurmctld", "-V"]).stdout)
+        except SchedulerError:
+            return 0, 0
 
     def _clean_stale(self) -> None:
         """Stop whatever a crashed run left and wipe its state dir."""

@@ -177,7 +177,10 @@ def local_spec(nodes: int = DEFAULT_NODES, gpus_per_node: int = DEFAULT_GPUS,
     if rest is None:
         rest = os.environ.get("RECOVERY_DEVCLUSTER_REST", "") not in ("", "0")
     checkout = Path(__file__).resolve().parents[3]   # tools/recovery_devtools/devcluster/
-    plugin = checkout / "spank" / "slurm_recovery.so"
+    # RECOVERY_SPANK_PLUGIN: a build for another Slurm release (tests/slurm_matrix.sh
+    # builds one per release, outside the checkout's spank/)
+    plugin = Path(os.environ.get("RECOVERY_SPANK_PLUGIN")
+                  or checkout / "spank" / "slurm_recovery.so")
     nvml = checkout / "tests" / "fake_nvml" / "libnvidia-ml.so.1"
     return ClusterSpec(nodes=nodes, gpus_per_node=gpus_per_node, port=port,
                        hooks_bin=hooks_bin(), fake_nvml=str(nvml) if nvml.exists() else "",
@@ -259,6 +262,27 @@ def slurm_conf(spec: ClusterSpec, lay: Layout) -> str:
     return "\n".join(lines) + "\n"
 
 
+def slurm_release(version_line: str) -> tuple[int, int]:
+    """(major, minor) from `slurmctld -V` ("slurm 24.11.5"; Debian may add
+    "-1"); (0, 0) when the line has no version."""
+    words = version_line.split()
+    parts = words[-1].split(".") if words else []
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return 0, 0
+
+
+def release_files(release: tuple[int, int]) -> dict[str, str]:
+    """Files a newer Slurm needs beside slurm.conf, by release. From 23.02 slurmd
+    loads a cgroup plugin even with proctrack/linuxproc and task/none and exits
+    where no cgroup filesystem is mounted (a chroot, a container); from then on
+    ``CgroupPlugin=disabled`` exists to say there is none. 22.05 needs nothing."""
+    if release >= (23, 2):
+        return {"cgroup.conf": "# recovery-devcluster: no cgroups here\nCgroupPlugin=disabled\n"}
+    return {}
+
+
 def gres_conf(spec: ClusterSpec, lay: Layout) -> str:
     """Each node's GPUs are device links to /dev/null: Slurm insists on a
     character device per GPU, and these cost nothing."""
@@ -337,8 +361,9 @@ def fake_gpus(node: str, count: int) -> dict:
     return {"node": node, "gpus": gpus}
 
 
-def write_files(spec: ClusterSpec, lay: Layout) -> None:
-    """Lay out a fresh state dir: config, munge key, per-node files."""
+def write_files(spec: ClusterSpec, lay: Layout, release: tuple[int, int] = (0, 0)) -> None:
+    """Lay out a fresh state dir: config, munge key, per-node files; ``release``
+    is the installed Slurm's (major, minor), for what it needs beyond slurm.conf."""
     for path in (lay.etc, lay.run_dir, lay.ctld_dir, lay.logs, lay.jobs):
         path.mkdir(parents=True, exist_ok=True)
     lay.marker.write_text("state dir of recovery-devcluster; `down` keeps it, `up` reuses it\n")
@@ -363,6 +388,8 @@ def write_files(spec: ClusterSpec, lay: Layout) -> None:
             wrapper.write_text(hook_wrapper(spec, lay, hook))
             wrapper.chmod(0o755)
     (lay.etc / "plugstack.conf").write_text(plugstack_conf(spec))
+    for name, text in release_files(release).items():
+        (lay.etc / name).write_text(text)
     if spec.gpus_per_node:
         (lay.etc / "gres.conf").write_text(gres_conf(spec, lay))
     for name in spec.node_names:
