@@ -119,6 +119,22 @@ class Probe:
     version: str = ""
 
 
+def select_jobs(jobs: list["Job"], job_ids: Iterable[str | int] | None) -> list["Job"]:
+    """The jobs of a full listing that ``job_ids`` names (by printable or numeric
+    id); all of them when ``job_ids`` is None. Every backend lists all jobs and
+    filters here (22.05's ``squeue -j`` ignores the filter)."""
+    if job_ids is None:
+        return jobs
+    wanted = {str(j) for j in job_ids}
+    return [j for j in jobs if j.job_id in wanted or str(j.numeric_id) in wanted]
+
+
+def exact_or_first(found: list["Job"], job_id: str) -> "Job":
+    """Of the jobs a lookup of ``job_id`` found, the one with that exact printable
+    id (an array task's numeric id can equal another job's), else the first."""
+    return next((j for j in found if j.job_id == str(job_id)), found[0])
+
+
 class ListingCheck:
     """An empty job listing right after one that held live jobs is suspect: a
     controller that is failing over, restarting or overloaded can answer with

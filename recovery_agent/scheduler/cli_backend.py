@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 import hostlist
 
 from ..errors import JobNotFound, NodeNotFound, SchedulerError
-from .base import Job, ListingCheck, Node, Probe
+from .base import Job, ListingCheck, Node, Probe, exact_or_first, select_jobs
 from .cli_parse import parse_nodes_text, parse_scontrol_job, parse_squeue_text
 from .runner import SlurmRunner
 
@@ -75,17 +75,13 @@ class CliScheduler:
         except ValueError as exc:
             raise SchedulerError(f"squeue --json: {exc}", argv=argv) from None
         self.listings.check(jobs, self.lookup_job)
-        if job_ids is None:
-            return jobs
-        wanted = {str(j) for j in job_ids}
-        return [j for j in jobs if j.job_id in wanted or str(j.numeric_id) in wanted]
+        return select_jobs(jobs, job_ids)
 
     def get_job(self, job_id: str) -> Job:
         found = self.list_jobs([job_id])
         if not found:
             raise JobNotFound(f"job {job_id} not found", argv=["squeue", "--json"])
-        # prefer the exact printable id (an array task's numeric id can equal another's)
-        return next((j for j in found if j.job_id == str(job_id)), found[0])
+        return exact_or_first(found, job_id)
 
     def list_nodes(self, names: Iterable[str] | None = None) -> list[Node]:
         argv = ["sinfo", "--json"]

@@ -16,7 +16,7 @@ import logging
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import JobNotFound, NodeNotFound, SchedulerError
-from .base import Job, ListingCheck, Node, Probe
+from .base import Job, ListingCheck, Node, Probe, select_jobs
 from .cli_parse import expand_nodes
 
 log = logging.getLogger(__name__)
@@ -272,10 +272,7 @@ class PyslurmScheduler:
         # pyslurm/xcollections.pyx: the collection's values() walks every cluster's jobs
         jobs = [job_from_pyslurm(obj) for obj in loaded.values()]
         self.listings.check(jobs, self.lookup_job)
-        if job_ids is None:
-            return jobs
-        wanted = {str(j) for j in job_ids}
-        return [j for j in jobs if j.job_id in wanted or str(j.numeric_id) in wanted]
+        return select_jobs(jobs, job_ids)
 
     def get_job(self, job_id: str) -> Job:
         job_id = str(job_id)

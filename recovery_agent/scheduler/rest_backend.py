@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import hostlist
 
 from ..errors import JobNotFound, NodeNotFound, RecoveryError, SchedulerError
-from .base import Job, ListingCheck, Node, Probe
+from .base import Job, ListingCheck, Node, Probe, exact_or_first, select_jobs
 from .cli_backend import CliScheduler
 from .cli_parse import parse_nodes, parse_squeue
 from .rest_client import RestClient, RestSettings, job_path, node_path
@@ -161,17 +161,14 @@ class RestScheduler:
             raise SchedulerError(f"slurmrestd GET jobs/: {exc}",
                                  argv=["GET", f"/slurm/{self.api().version}/jobs/"]) from None
         self.listings.check(jobs, self.lookup_job)
-        if job_ids is None:
-            return jobs
-        wanted = {str(j) for j in job_ids}
-        return [j for j in jobs if j.job_id in wanted or str(j.numeric_id) in wanted]
+        return select_jobs(jobs, job_ids)
 
     def get_job(self, job_id: str) -> Job:
         found = self.list_jobs([job_id])
         if not found:
             raise JobNotFound(f"job {job_id} not found",
                               argv=["GET", f"/slurm/{self.api().version}/jobs/"])
-        return next((j for j in found if j.job_id == str(job_id)), found[0])
+        return exact_or_first(found, job_id)
 
     def lookup_job(self, job_id: str) -> Job:
         """One job by ``GET job/{id}``, never from the listing. The pending
