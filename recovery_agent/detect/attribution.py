@@ -117,12 +117,19 @@ _KERNEL_IN = re.compile(r"(?:segfault at|general protection(?: fault)?|traps:).*
 _HANDLER = re.compile(r"ucs_handle_error|ucs_error_signal_handler|__sigaction|__restore_rt"
                       r"|_sigtramp|<signal handler called>|(?:^|/)libc\.so|(?:^|/)libpthread\.so"
                       r"|(?:^|/)ld-linux|(?:^|/)libucs\.so|libSegFault|\bbacktrace\b")
-# NCCL, the CUDA driver, NVIDIA's user-space driver libraries, verbs and its
-# providers, UCX, libfabric/EFA, Open MPI's transport components, PSM2, HCOLL, SHARP
-_SYSTEM_CODE = re.compile(r"lib(?:nccl|rccl|cuda|nvidia-[\w-]+|nvcuda|ibverbs|mlx[45]|rdmacm"
-                          r"|efa|fabric|ucs|ucp|uct|ucm|psm2|hcoll|sharp)\b"
+# NCCL, verbs and its providers, UCX, libfabric/EFA, Open MPI's transport
+# components, PSM2, HCOLL, SHARP: the communication stack, which runs its own
+# progress threads and reacts to fabric events (a peer or link that went away)
+_FABRIC_CODE = re.compile(r"lib(?:nccl|rccl|ibverbs|mlx[45]|rdmacm|efa|fabric|ucs|ucp|uct|ucm"
+                          r"|psm2|hcoll|sharp)\b"
                           r"|\bmca_(?:btl|pml|mtl|coll|osc)_|\bp?nccl[A-Z]\w*|\bibv_\w+"
-                          r"|\bmlx[45]_\w+|\bu(?:ct|cp)_\w+|\bcu[A-Z][A-Za-z]+(?:_v\d)?\b")
+                          r"|\bmlx[45]_\w+|\bu(?:ct|cp)_\w+")
+# the CUDA driver and NVIDIA's user-space driver libraries (libcuda's cu* entry
+# points): entered only from the job's own calls, so a crash there repeats with
+# the same code and driver (an invalid handle or pointer passed in, a driver
+# regression) unless node evidence (an XID) blames the GPU
+_DRIVER_CODE = re.compile(r"lib(?:cuda|nvidia-[\w-]+|nvcuda)\b|\bcu[A-Z][A-Za-z]+(?:_v\d)?\b")
+_SYSTEM_CODE = re.compile(f"{_FABRIC_CODE.pattern}|{_DRIVER_CODE.pattern}")
 _BUS = re.compile(r"Bus error|SIGBUS|[Ss]ignal 7\b")
 _FRAME_WINDOW = 40          # lines after a fault report where its backtrace is read
 
@@ -325,24 +332,38 @@ def _gpu_maybe(verdict: Verdict, kind: str, chosen: list[tuple[int, Detection]],
 def _segfault(verdict: Verdict, winner: Detection, chosen: list[tuple[int, Detection]],
               combined: Sequence[Detection], context: AttributionContext) -> Verdict:
     """Where a segfault happened, from its backtrace or the kernel's report:
-    inside NCCL, the CUDA driver or a fabric library it is not the job's bug
-    (requeue; exclude the node it names); elsewhere (the job's code, its
-    framework, or not known) it stops, as before."""
+    inside NCCL or a fabric library it is not the job's bug: requeued, the
+    node it happened on a suspect (excluded once the crash stays with it);
+    inside the CUDA driver it repeats with the same code and driver (stop);
+    elsewhere (the job's code, its framework, or not known) it stops."""
     where = _fault_object(winner, chosen, combined)
     if where is None or not _SYSTEM_CODE.search(where):
         return replace(verdict, signature="segfault:code" if where else "segfault",
                        reason=verdict.reason + (f"; in {where}" if where else ""))
+    if not _FABRIC_CODE.search(where):
+        return _driver_segfault(verdict, where)
     # a bus error there is most often shared memory the container or the job
     # sized too small (NCCL's /dev/shm segments): not the node's fault either
     bus = any(_BUS.search(_text(d)) for _, d in chosen)
     hosts = [] if bus else _hosts(d for _, d in chosen)
-    reason = (f"{verdict.reason}; the fault is in {where} (a communication or driver "
-              "library), not the job's code")
+    reason = (f"{verdict.reason}; the fault is in {where} (a communication library), "
+              "not the job's code: requeued, stopped if it follows the job to other nodes")
     if hosts:
-        return replace(verdict, blame="node", action="requeue_exclude", nodes=tuple(hosts),
-                       signature="segfault:library", reason=reason)
-    return replace(verdict, blame="unknown", action="requeue", signature="segfault:library",
-                   reason=reason + ": requeued, stopped if it follows the job to other nodes")
+        reason += f", {', '.join(hosts)} excluded if it stays there"
+    return replace(verdict, blame="unknown", action="requeue", nodes=(), gpus=(), links=(),
+                   signature="segfault:library", suspects=tuple(hosts), reason=reason)
+
+
+def _driver_segfault(verdict: Verdict, where: str) -> Verdict:
+    """A segfault inside the CUDA driver's libraries, with no GPU fault that
+    outranks it (an XID on the node is a root and wins before this): the
+    driver is only entered from the job's calls, so the same code on the same
+    driver crashes again."""
+    return replace(verdict, blame="application", action="stop", nodes=(), gpus=(), links=(),
+                   signature="segfault:driver",
+                   reason=f"{verdict.reason}; the fault is in {where} (the CUDA driver), "
+                          "reached from the job's own calls: the same code and driver crash "
+                          "the same way (an invalid handle or pointer, a driver regression)")
 
 
 def _fault_object(winner: Detection, chosen: list[tuple[int, Detection]],

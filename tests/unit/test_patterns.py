@@ -306,7 +306,7 @@ def test_xid_action(xid, message, kind, action):
     ("[Sat Aug 23 11:05:44 2025] llama-server[383019]: segfault at 20e403fd8 ip "
      "00007fe8ef318637 sp 00007fe84ee2ff80 error 4 in libcuda.so.575.64.05[518637,"
      "7fe8eefc5000+e97000] likely on CPU 114 (core 50, socket 0)",
-     "signal.kernel_segfault_driver_library", "segfault", "requeue"),
+     "signal.kernel_segfault_driver_library", "segfault", "stop"),
     ("[152970.213392] llama-parallel[398992]: segfault at 8 ip 00007f8fb6e5bde0 sp "
      "00007ffd3eda32e8 error 4 in libllama.so[7f8fb6e2c000+103000] likely on CPU 10 (core 20, "
      "socket 0)", "signal.kernel_segfault", "segfault", "stop"),
