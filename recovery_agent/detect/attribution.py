@@ -395,9 +395,15 @@ def _finished_before(winner: Detection, combined: Sequence[Detection]) -> Detect
     source = winner.evidence[0].source if winner.evidence else ""
     for d in combined:
         if (d.line is not None and winner.line is not None and d.line < winner.line
-                and d.evidence and d.evidence[0].source == source and _DONE.search(_text(d))):
+                and d.evidence and d.evidence[0].source == source and _marks_done(d)):
             return d
     return None
+
+
+def _marks_done(d: Detection) -> bool:
+    """A line a training framework prints once its work is saved: the
+    lifecycle pack's rules, or the wording ``_DONE`` knows."""
+    return d.rule.startswith("lifecycle.") or bool(_DONE.search(_text(d)))
 
 
 def _text(d: Detection) -> str:
