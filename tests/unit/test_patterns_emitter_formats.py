@@ -1,0 +1,162 @@
+"""Message formats added from the emitters' sources (issue 15, interconnect,
+timeout, segfault and application families): each line through the shipped
+packs, then through attribution, as ``recovery-ctl patterns test`` reads a log.
+
+Every line is a real one, quoted in the public source that the comment above
+the rule in etc/patterns/*.toml names (an issue thread, a mailing-list
+archive, a public job log found with find_string); none is built from a
+format string.
+"""
+from __future__ import annotations
+
+import pytest
+
+from recovery_agent.detect.attribution import attribute
+from recovery_agent.detect.context import context_from_lines
+from recovery_agent.detect.patterns import load_rules
+from recovery_agent.detect.scanner import Scanner
+
+SCANNER = Scanner(load_rules(), engine="re")
+
+# NCCL 2.0 include/socket.h (NVIDIA/nccl#111, the host redacted as posted)
+OLD_CONNECT = "*server name* [0] include/socket.h:185 WARN Call to connect failed : Connection refused"
+# NCCL's socket transport thread (NVIDIA/nccl#706, the prefix garbled as posted)
+PROGRESS = "[15]23:83:2526 [0] transport/net_socket.cc:219 NCCL WARN NET/Socket : socket progress error"
+# verbs resources (horovod/horovod#98, deepseek-ai/DeepEP#143)
+QP_FAILED = "machine [0] misc/ibvwrap.cu:269 WARN Call to ibv_create_qp failed"
+CQ_ENOMEM = ("msm-h200-2:4016:4653 [7] misc/ibvwrap.cc:190 NCCL WARN Call to ibv_create_cq "
+             "failed with error Cannot allocate memory")
+# a QP state change that failed (dev:nccltests185): a path, not a limit
+QP_UNREACHABLE = "misc/ibvwrap.cc:187 NCCL WARN Call to ibv_modify_qp failed with error Network is unreachable"
+# UCX UD (openucx/ucx#5543, #7885, #2789)
+UD_PEER = ("2020-08-07T14:48:23.7195928Z [swx-rdmz-ucx-legacy-02:15197:0:15197]       ud_ep.c:255  "
+           "Fatal: UD endpoint 0x2a01ad0 to swx-rdmz-ucx-le:15197: unhandled timeout error")
+UD_NO_DATA = ("[b5101:238310:0:238310]       ud_ep.c:270  Fatal: UD endpoint 0x7f093c002820 to "
+              "<no debug data>: unhandled timeout error ")
+UD_IFACE = ("Wed Aug  8 14:55:53 2018[1,31]<stderr>:[clx-hercules-046:20804:0:20804]    "
+            "ud_iface.c:780  Fatal: transport error: Endpoint timeout")
+# Open MPI's TCP help text and PMIx (open-mpi/ompi#7735)
+HUNG_UP = ["An MPI communication peer process has unexpectedly disconnected.  This",
+           "usually indicates a failure in the peer process (e.g., a crash or",
+           "  Local host: ip-172-31-6-3",
+           "  Local PID:  12741",
+           "  Peer host:  ip-172-31-1-32",
+           "[ip-172-31-1-68:27726] PMIX ERROR: UNREACHABLE in file server/pmix_server.c at line 2257"]
+# Open MPI users' list archive
+READV = ("[machine4][[3968,1],0][btl_tcp_frag.c:216:mca_btl_tcp_frag_recv] mca_btl_tcp_frag_recv: "
+         "readv failed: Connection reset by peer (104)")
+# argparse (lmy98129/VLPD#6: the script's usage, its error, torchrun's exit report)
+ARGPARSE = ["usage: trainval_distributed.py [-h] [--work-dir WORK_DIR] [--local_rank LOCAL_RANK]",
+            "trainval_distributed.py: error: unrecognized arguments: --local-rank=1",
+            "[2023-12-08 01:40:46,962] torch.distributed.elastic.multiprocessing.api: [ERROR] failed "
+            "(exitcode: 2) local_rank: 0 (pid: 53342) of binary: /home/ashitha/miniconda3/envs/"
+            "Ashenv/bin/python"]
+# python -m on a module that is not installed (a public README, find_string id 66425737483)
+NO_MODULE = "/usr/bin/python: No module named my_mcp_server"
+# an exception class named by its module (a public traceback, find_string id 1321043373)
+DYNAMO = "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:"
+# bus errors: NCCL's proxy thread under UCX's handler (triton-inference-server/
+# hugectr_backend#42) and the DataLoader's (the BLOOM chronicles)
+NCCL_SIGBUS = "[qgpuvb813-cvision:1    :0:381] Caught signal 7 (Bus error: nonexistent physical address)"
+LOADER_SIGBUS = ("ERROR: Unexpected bus error encountered in worker. This might be caused by "
+                 "insufficient shared memory (shm).")
+# transformers' end-of-run metrics (find_string id 11955508656) and a watchdog
+# timeout (dev:basicsr737-watchdog-default-pg)
+METRICS = "***** train metrics *****"
+HF_DONE = "Training completed. Do not forget to share your model on huggingface.co/models =)"
+WATCHDOG = ("[rank1]:[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught "
+            "collective operation timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, "
+            "NumelOut=9801523, Timeout(ms)=600000) ran for 600020 milliseconds before timing out.")
+
+
+def judge(lines):
+    detections = SCANNER.scan_lines(lines)
+    return detections, attribute(detections, context_from_lines(lines))
+
+
+def fired(detections):
+    return {d.rule for d in detections if d.severity != "info"}
+
+
+@pytest.mark.parametrize("line, rule", [
+    (OLD_CONNECT, "nccl.socket_connect_failed"),
+    (PROGRESS, "nccl.socket_progress_error"),
+    (QP_FAILED, "nccl.ib_resource_limit"),
+    (CQ_ENOMEM, "nccl.ib_resource_limit"),
+    (QP_UNREACHABLE, "nccl.ibv_call_failed"),
+    (UD_PEER, "ib.ucx_ud_timeout"),
+    (UD_NO_DATA, "ib.ucx_ud_timeout"),
+    (UD_IFACE, "ib.ucx_ud_timeout"),
+    (READV, "mpi.tcp_io_failed"),
+    (NO_MODULE, "python.import_error"),
+    (DYNAMO, "python.exception_line"),
+    (NCCL_SIGBUS, "signal.bus_error_unbacked_mapping"),
+])
+def test_each_format_reaches_its_rule(line, rule):
+    assert fired(SCANNER.scan_lines([line])) == {rule}
+
+
+def test_socket_symptoms_alone_are_an_unexplained_requeue():
+    for line in (OLD_CONNECT, PROGRESS, READV, UD_IFACE):
+        _, verdict = judge([line])
+        assert (verdict.category, verdict.action, verdict.unexplained) == \
+            ("interconnect", "requeue", True), line
+
+
+def test_a_verbs_resource_limit_stops_and_outranks_the_generic_verbs_rule():
+    for line in (QP_FAILED, CQ_ENOMEM):
+        detections, verdict = judge([line])
+        assert "nccl.ibv_call_failed" not in fired(detections)
+        assert (verdict.category, verdict.action, verdict.nodes) == ("interconnect", "stop", ())
+    # a failed QP state change is a path problem, still a requeue
+    assert judge([QP_UNREACHABLE])[1].action == "requeue"
+
+
+def test_a_ud_timeout_names_the_peer_not_the_printer():
+    detections, verdict = judge([UD_PEER])
+    assert [d.host for d in detections] == ["swx-rdmz-ucx-le"]
+    assert verdict.suspects == ("swx-rdmz-ucx-le",) and verdict.nodes == ()
+    # UCX's release builds carry no peer name: nothing is named
+    assert judge([UD_NO_DATA])[1].suspects == ()
+
+
+def test_open_mpi_peer_loss_names_the_peer_host_as_a_suspect():
+    detections, verdict = judge(HUNG_UP)
+    assert {"mpi.tcp_peer_hung_up", "mpi.peer_host", "mpi.pmix_unreachable"} <= fired(detections)
+    assert (verdict.category, verdict.action, verdict.unexplained) == \
+        ("interconnect", "requeue", True)
+    assert verdict.suspects == ("ip-172-31-1-32",) and verdict.nodes == ()
+    # the local host's line is not the peer
+    assert not any(d.host == "ip-172-31-6-3" for d in detections)
+
+
+def test_an_argument_error_stops_although_the_launcher_only_reports_an_exit_code():
+    detections, verdict = judge(ARGPARSE)
+    assert {"python.argparse_error", "pytorch.elastic_exitcode"} <= fired(detections)
+    assert (verdict.category, verdict.action, verdict.blame) == ("application", "stop",
+                                                                 "application")
+    assert "python.argparse_error" in verdict.reason
+    # the usage banner alone is no failure
+    assert fired(SCANNER.scan_lines(ARGPARSE[:1])) == set()
+
+
+@pytest.mark.parametrize("line", [NO_MODULE, DYNAMO])
+def test_missing_modules_and_module_named_exceptions_are_the_application(line):
+    _, verdict = judge([line])
+    assert (verdict.category, verdict.action) == ("application", "stop")
+
+
+def test_nccl_shared_memory_bus_errors_stop_a_dataloader_one_is_retried():
+    assert judge([NCCL_SIGBUS])[1].action == "stop"
+    _, verdict = judge([LOADER_SIGBUS])
+    assert (verdict.category, verdict.action) == ("system_software", "requeue")
+
+
+@pytest.mark.parametrize("marker", [METRICS, HF_DONE])
+def test_a_timeout_after_the_end_of_training_redoes_nothing(marker):
+    _, after = judge([marker, WATCHDOG])
+    assert (after.action, after.signature) == ("none", "done")
+    assert "the work had finished before it" in after.reason
+    # the same timeout with the marker after it (or without one) is requeued
+    _, before = judge([WATCHDOG, marker])
+    assert (before.action, before.unexplained) == ("requeue", True)
