@@ -160,3 +160,56 @@ def test_a_timeout_after_the_end_of_training_redoes_nothing(marker):
     # the same timeout with the marker after it (or without one) is requeued
     _, before = judge([WATCHDOG, marker])
     assert (before.action, before.unexplained) == ("requeue", True)
+
+
+# PyTorch's torch/csrc/cuda/nccl.cpp wording, wrapped by the terminal as posted
+# (PrimeIntellect-ai/prime-rl#1098)
+NCCL_ERROR_N = "RuntimeError: NCCL Error 3: internal error - please report this"
+# gloo (pytorch/pytorch#108732, DeepAuto-AI/hip-attention#59)
+GLOO_CONNECT = ("RuntimeError: [/opt/conda/conda-bld/pytorch_1682343967769/work/third_party/gloo/"
+                "gloo/transport/tcp/pair.cc:799] connect [172.31.71.170]:13195: Connection refused")
+GLOO_MESH = ("[rank4]:[E421 02:05:38.764490322 ProcessGroupGloo.cpp:143] Gloo connectFullMesh "
+             "failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error")
+# Horovod's shut-down status inside TensorFlow's error (horovod/horovod#534)
+HOROVOD = ("AbortedError (see above for traceback): Horovod has been shut down. This was caused by "
+           "an exception on one of the ranks or an attempt to allreduce, allgather or broadcast a "
+           "tensor after one of the ranks finished execution. If the shutdown was caused by an "
+           "exception, you should see the exception in the log before the first shutdown message.")
+# DeepSpeed's pdsh prefix (deepspeedai/DeepSpeed#2899)
+PDSH_OOM = ("gpu-q-13: torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 "
+            "MiB (GPU 2; 79.17 GiB total capacity; 76.68 GiB already allocated;")
+
+
+def test_pytorchs_nccl_error_n_wording_is_the_nccl_code_not_a_runtime_error():
+    detections, verdict = judge([NCCL_ERROR_N])
+    assert fired(detections) == {"nccl.internal_error"}
+    assert (verdict.category, verdict.action, verdict.unexplained) == \
+        ("interconnect", "requeue", True)
+
+
+def test_gloo_connect_failures_are_symptoms_naming_the_peer():
+    detections, verdict = judge([GLOO_CONNECT])
+    assert fired(detections) == {"pytorch.gloo_peer_closed"}
+    assert verdict.suspects == ("172.31.71.170",) and verdict.action == "requeue"
+    _, mesh = judge([GLOO_MESH])
+    assert (mesh.category, mesh.action, mesh.unexplained) == ("interconnect", "requeue", True)
+
+
+def test_horovods_shutdown_is_an_exit_report_and_the_first_exception_decides():
+    detections, verdict = judge([HOROVOD])
+    assert fired(detections) == {"horovod.shut_down"}
+    assert (verdict.action, verdict.unexplained, verdict.category) == ("requeue", True, None)
+    # with the rank's own error before it, that error decides
+    _, verdict = judge([ARGPARSE[1], HOROVOD])
+    assert (verdict.category, verdict.action) == ("application", "stop")
+
+
+def test_an_exception_behind_a_pdsh_host_prefix_is_still_read():
+    generic = next(r for r in SCANNER.rules if r.id == "python.exception_line")
+    assert generic.compiled.search(PDSH_OOM)           # the class-name fallback sees it too
+    detections, verdict = judge([PDSH_OOM])
+    assert (verdict.category, verdict.action) == ("oom", "stop")   # the OOM rule outranks it
+    assert [d.host for d in detections] == ["gpu-q-13"]
+    # a launcher's "host: " before anything that is not an exception class stays quiet
+    assert not generic.compiled.search("10.3.35.83: WARN: Function: main Line: 66: NET/OFI OFI "
+                                       "NCCL failure: 2")
