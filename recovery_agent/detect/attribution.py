@@ -356,7 +356,8 @@ def _segfault(verdict: Verdict, winner: Detection, chosen: list[tuple[int, Detec
 
 def _driver_segfault(verdict: Verdict, where: str) -> Verdict:
     """A segfault inside the CUDA driver's libraries, with no GPU fault that
-    outranks it (an XID on the node is a root and wins before this): the
+    outranks it (an XID asking to exclude the node is a root and wins before
+    this): the
     driver is only entered from the job's calls, so the same code on the same
     driver crashes again."""
     return replace(verdict, blame="application", action="stop", nodes=(), gpus=(), links=(),
