@@ -213,3 +213,48 @@ def test_an_exception_behind_a_pdsh_host_prefix_is_still_read():
     # a launcher's "host: " before anything that is not an exception class stays quiet
     assert not generic.compiled.search("10.3.35.83: WARN: Function: main Line: 66: NET/OFI OFI "
                                        "NCCL failure: 2")
+
+
+# torch.multiprocessing.spawn's wrapper traceback as a public job log prints it
+# (find_string id 41337680347), followed here by a child's NCCL error line from
+# dev:nccl934-remote-error-occasional: each line real, the pairing ours
+SPAWN = ['  File "/workspace/pilot/.venv/lib/python3.12/site-packages/torch/multiprocessing/'
+         'spawn.py", line 220, in join',
+         "    raise ProcessRaisedException(msg, error_index, failed_process.pid)",
+         "torch.multiprocessing.spawn.ProcessRaisedException: ",
+         "",
+         "-- Process 0 terminated with the following error:",
+         "Traceback (most recent call last):",
+         '  File "/workspace/pilot/.venv/lib/python3.12/site-packages/torch/multiprocessing/'
+         'spawn.py", line 95, in _wrap',
+         "    fn(i, *args)",
+         "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+         "ProcessGroupNCCL.cpp:1347, remote process exited or there was a network error, NCCL "
+         "version 2.18.5"]
+# accelerate's launcher re-raising its Python worker's exit (kohya-ss/sd-scripts#1354)
+ACCELERATE = ("subprocess.CalledProcessError: Command '['/Users/kleinsun/open/kohya_ss/venv/bin/"
+              "python', '/Users/kleinsun/Documents/open/kohya_ss/sd-scripts/sdxl_train.py', "
+              "'--config_file', '/Users/kleinsun/Documents/open/kohya_ss/outputs/"
+              "config_dreambooth-20240531-163416.toml']' returned non-zero exit status 1.")
+# DeepSpeed's launcher (find_string id 42874239156)
+DS_EXIT = ("# [2024-10-01 01:17:14,772] [ERROR] [launch.py:325:sigkill_handler] ['/tools/miniconda3/"
+           "envs/finetune/bin/python', '-u', 'experiment-base-finetune_llama_3-2_1B.py', "
+           "'--local_rank=1'] exits with return code = 1")
+
+
+def test_spawns_wrapper_is_an_exit_report_and_the_childs_error_decides():
+    detections, verdict = judge(SPAWN)
+    assert [d.rule for d in detections] == ["pytorch.spawn_raised", "nccl.remote_error"]
+    assert (verdict.category, verdict.action, verdict.unexplained) == \
+        ("interconnect", "requeue", True)
+
+
+@pytest.mark.parametrize("line, rule", [(ACCELERATE, "pytorch.launch_exitcode"),
+                                        (DS_EXIT, "deepspeed.launcher_exit")])
+def test_launchers_reporting_a_python_worker_exit_are_unexplained(line, rule):
+    detections, verdict = judge([line])
+    assert fired(detections) == {rule}
+    assert (verdict.action, verdict.unexplained, verdict.category) == ("requeue", True, None)
+    # the worker's own error before the launcher's report decides
+    _, verdict = judge([ARGPARSE[1], line])
+    assert (verdict.category, verdict.action) == ("application", "stop")
