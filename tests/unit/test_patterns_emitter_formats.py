@@ -146,10 +146,12 @@ def test_missing_modules_and_module_named_exceptions_are_the_application(line):
     assert (verdict.category, verdict.action) == ("application", "stop")
 
 
-def test_nccl_shared_memory_bus_errors_stop_a_dataloader_one_is_retried():
-    assert judge([NCCL_SIGBUS])[1].action == "stop"
-    _, verdict = judge([LOADER_SIGBUS])
-    assert (verdict.category, verdict.action) == ("system_software", "requeue")
+def test_shared_memory_bus_errors_are_the_system_and_retried():
+    for line, rule in ((NCCL_SIGBUS, "signal.bus_error_unbacked_mapping"),
+                       (LOADER_SIGBUS, "signal.dataloader_bus_error")):
+        detections, verdict = judge([line])
+        assert rule in fired(detections)
+        assert (verdict.category, verdict.action) == ("system_software", "requeue")
 
 
 @pytest.mark.parametrize("marker", [METRICS, HF_DONE])
