@@ -92,10 +92,14 @@ class OperatorQueries:
             "select s.* from node_states s join (select node, max(id) as id from node_states "
             "where cluster = ? group by node) last on last.id = s.id", [cluster])}
 
-    def drain_states(self, cluster: str, since: float, until: float) -> list[dict]:
+    def drain_states(self, cluster: str | None, since: float, until: float) -> list[dict]:
         """The recorded states that showed a node drained by a drain set
-        within ``since``..``until`` (Slurm's reason time), oldest first: each
-        drain once per time it was seen to change (ours or not, see ``ours``)."""
+        within ``since``..``until`` (Slurm's reason time), oldest first, of
+        ``cluster`` (None: any): each drain once per change seen of it."""
+        where = "drained = 1 and reason_time between ? and ?"
+        args: list = [since, until]
+        if cluster is not None:
+            where += " and cluster = ?"
+            args.append(cluster)
         return [dict(r) for r in self.db.query(
-            "select * from node_states where cluster = ? and drained = 1 and "
-            "reason_time between ? and ? order by id", [cluster, since, until])]
+            f"select * from node_states where {where} order by id", args)]

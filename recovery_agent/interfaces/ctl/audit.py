@@ -154,7 +154,8 @@ def _print_rec(rec: dict) -> None:
 @click.pass_context
 def report(ctx, since, until, config_path, db_path, as_json) -> None:
     """Score monitor mode: each would_have recommendation against what humans did
-    in Slurm meanwhile (requeues, cancels, drains with their reasons). Prints the
+    in Slurm meanwhile (requeues, cancels, drains with their reasons: those the
+    agent saw come and go, lifted ones included, and those in place). Prints the
     agreement, precision and recall of node exclusions, and every case where the
     two differ. Run it before switching an environment to action mode.
     ``report goodput``: what recovery saved (docs/goodput.md).
@@ -179,7 +180,7 @@ def report(ctx, since, until, config_path, db_path, as_json) -> None:
     except RecoveryError as exc:
         raise click.ClickException(f"report: {exc}") from None
     start, end = _parse_time(since), _parse_time(until) or time.time()
-    result = build(client.store, nodes, start, end)
+    result = build(client.store, nodes, start, end, client.cfg.agent.cluster)
     if as_json:
         _dump(result.as_dict())
         return
