@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,11 @@ def agent(devcluster, people):
     agent.start()
     yield agent
     agent.stop()
+
+
+def iso(ts: float) -> str:
+    """A time as --since takes it (a bare number there is a duration back)."""
+    return datetime.fromtimestamp(ts).isoformat(timespec="seconds")
 
 
 def ctl(agent, *args, user=None):
@@ -101,7 +107,8 @@ def test_a_session_of_operator_commands_is_listed_by_audit_with_who_ran_each(
     alice, bob = people
     her_job, her_rec = waiting["hers"]
     our_job, our_rec = waiting["ours"]
-    start = time.time() - 1
+    time.sleep(2)       # --since is to the second: the recommendations come before it
+    start = iso(time.time())
     me = "root"
     # refused, and recorded nowhere: alice is no admin
     for args in (["mode", "act", "monitor", "--reason", "mine now"],
@@ -127,9 +134,10 @@ def test_a_session_of_operator_commands_is_listed_by_audit_with_who_ran_each(
         assert done.returncode == 0, (user, args, done.stdout, done.stderr)
     # every one of them, as root reads the trail through the agent ...
     records = [json.loads(line) for line in
-               ctl(agent, "audit", "--json", "--since", str(int(start))).stdout.splitlines()]
+               ctl(agent, "audit", "--json", "--since", start).stdout.splitlines()]
     ops = [r for r in records if r["kind"] == "operator"]
     assert [r["action"] for r in ops] == VERBS
+    assert len(ops) == len(records)    # the recommendations came before --since
     assert [(r["actor"], r["actor_uid"], r["role"], r["via"]) for r in ops] == [
         (me, 0, "admin", "api"), (bob.name, bob.uid, "admin", "api"),
         *[(me, 0, "admin", "api")] * 5, (alice.name, alice.uid, "user", "api")]
@@ -143,14 +151,14 @@ def test_a_session_of_operator_commands_is_listed_by_audit_with_who_ran_each(
                                           "requeued by hand", "I will resubmit"]
     assert (ops[-1]["job_id"], ops[-1]["user"]) == (her_job, alice.name)
     # ... the same from the store, in text and in CSV
-    text = ctl(agent, "audit", "--db", str(agent.db), "--since", str(int(start))).stdout
+    text = ctl(agent, "audit", "--db", str(agent.db), "--since", start).stdout
     assert text.count("operator #") == len(VERBS)
     assert f"by {bob.name} (uid {bob.uid}, admin, through the agent's API)" in text
     rows = list(csv.DictReader(io.StringIO(ctl(agent, "audit", "--format", "csv", "--since",
-                                               str(int(start))).stdout)))
+                                               start).stdout)))
     assert [r["action"] for r in rows if r["kind"] == "operator"] == VERBS
     # --since after the session: none of them
-    later = ctl(agent, "audit", "--json", "--since", str(int(time.time()) + 5)).stdout
+    later = ctl(agent, "audit", "--json", "--since", iso(time.time() + 5)).stdout
     assert [json.loads(line)["kind"] for line in later.splitlines()] == []
     # alice reads only her job's record and her own change to it
     hers = [json.loads(line) for line in ctl(agent, "audit", "--json", user=alice)
