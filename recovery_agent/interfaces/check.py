@@ -1,11 +1,12 @@
 """``recovery-ctl check``: is this installation ready? One pass/fail line each.
 
 Checks, in order: the config loads (with a NOTE for each environment key
-set to what it inherits from ``[environments.default]`` anyway); the store can be opened; a Slurm backend
-can run; slurm.conf runs our Prolog, Epilog and HealthCheckProgram; the SPANK
-plugin is in plugstack; munge signs and verifies; the agent answers; the
-site's pattern packs load; the state and log paths are usable. Slurm's own
-settings come from ``scontrol show config`` through the one argv seam.
+set to what it inherits from ``[environments.default]`` anyway); the store
+can be opened; a Slurm backend can run; slurm.conf runs our Prolog, Epilog
+and HealthCheckProgram; the SPANK plugin is in plugstack; munge signs and
+verifies; the agent answers; the site's pattern packs load; the state and
+log paths are usable. Slurm's own settings come from ``scontrol show
+config`` through the one argv seam.
 
 ``check --sources`` (:func:`check_sources_of`) instead probes the external
 sources (Prometheus/VictoriaMetrics, Loki, VictoriaLogs) against the cluster's

@@ -11,6 +11,11 @@ as one) reads and does everything. A user reads their own jobs, their tasks of
 an array, the recommendations about their jobs, and the nodes (as sinfo shows
 them, without other users' jobs in the strikes); the only change a user makes
 is to cancel a job recommendation of their own job before it acts.
+
+Every change taken is an audit record (``operator_actions``: who, when, the
+state before and after, why) written with the change; :meth:`Service.audit`
+lists them with the recommendations. A refused change records nothing; a
+refusal for the caller's role is logged with their uid.
 """
 from __future__ import annotations
 
@@ -679,8 +684,8 @@ class Service:
                                  error=detail if outcome == "failed" else None)
             self.store.save_rec(ended, "status", "done_at", "error")
             self._record(who, "complete", f"recommendation #{rec_id} {outcome}",
-                         target=f"#{rec_id}", rec=rec, before=Status(rec.status).value, after=outcome,
-                         reason=detail, outcome=outcome)
+                         target=f"#{rec_id}", rec=rec, before=Status(rec.status).value,
+                         after=outcome, reason=detail, outcome=outcome)
         self.store.add_step(rec_id, "completed", "ok" if outcome == "done" else "failed",
                             detail)
         return {"id": rec_id, "status": outcome}

@@ -55,7 +55,8 @@ class OperatorQueries:
         if job_pk is not None:
             where.append("job = ?")
             args.append(job_pk)
-        sql = f"select * from operator_actions where {' and '.join(where)} order by ts desc, id desc"
+        sql = (f"select * from operator_actions where {' and '.join(where)} "
+               "order by ts desc, id desc")
         if limit is not None:
             sql += " limit ?"
             args.append(limit)
