@@ -46,6 +46,11 @@ class AgentConfig:
                           default="/var/lib/slurm-recovery")
     poll_interval: float = _doc("Time between scheduler polls (one batched query each).",
                                 duration=True, default=2.0)
+    node_poll_interval: float = _doc(
+        "How often the watch loop lists the nodes (sinfo) and records each change of a "
+        "node's availability (down, drained, its drain reason, user and time), which "
+        "recovery-ctl report scores monitor mode against, including drains lifted "
+        "since. 0 records nothing.", duration=True, default=30.0)
     log_level: str = _doc("DEBUG, INFO, WARNING or ERROR.", default="INFO")
     patterns_dir: str = _doc("A directory of the site's own pattern packs (*.toml), "
                              "loaded after the shipped ones.", default="")

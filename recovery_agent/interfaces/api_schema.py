@@ -56,6 +56,15 @@ class ExcludeBody(BaseModel):
 
 class ModeBody(BaseModel):
     mode: Mode = Field(description="The environment's new mode.")
+    reason: str = Field("", description="Why (kept up to 500 characters, in the audit "
+                                        "trail).")
+
+
+class ReasonBody(BaseModel):
+    """An operator change that needs nothing more than, at most, why."""
+
+    reason: str = Field("", description="Why (kept up to 500 characters, in the audit "
+                                        "trail).")
 
 
 class CompleteBody(BaseModel):
@@ -100,8 +109,8 @@ class HookReport(_Row):
     delivery: dict[str, Any] | None = None
 
 
-BODIES: tuple[type[BaseModel], ...] = (ExcludeBody, ModeBody, CompleteBody, CancelBody,
-                                       SignedBody, HookReport)
+BODIES: tuple[type[BaseModel], ...] = (ExcludeBody, ModeBody, ReasonBody, CompleteBody,
+                                       CancelBody, SignedBody, HookReport)
 
 
 # -- answers --------------------------------------------------------------------------
@@ -247,6 +256,45 @@ class RecommendationDetail(RecommendationRow):
     steps: list[Step]
 
 
+class AuditRecommendation(RecommendationDetail):
+    kind: Literal["recommendation"]
+
+
+class OperatorChange(BaseModel):
+    """One operator change (recovery-ctl mode, exclude, include, ack, complete,
+    cancel, or their API calls), as the audit trail records it."""
+
+    kind: Literal["operator"]
+    id: int
+    created: float = Field(description="When (epoch seconds).")
+    action: Literal["mode", "mode_clear", "exclude", "include", "ack", "complete", "cancel"]
+    actor: str = Field(description="The Unix user munge (or the kernel, or recovery-ctl "
+                                   "--db's own uid) named.")
+    actor_uid: int
+    role: Literal["admin", "user"] | None = Field(description="null for a change carried "
+                                                          "over from before role records.")
+    via: Literal["api", "store"] | None = Field(description="api: through the agent; "
+                                                        "store: recovery-ctl --db.")
+    target: str | None = Field(description="The environment, the node, or #REC.")
+    env: str | None
+    node: str | None
+    rec: int | None
+    job_id: str | None
+    user: str | None = Field(description="The owner of the recommendation's job.")
+    before: str | None = Field(description="A mode; excluded or included; a status.")
+    after: str | None
+    reason: str | None
+    data: dict[str, Any]
+
+
+class AuditList(BaseModel):
+    records: list[Union[OperatorChange, AuditRecommendation]] = Field(
+        description="Recommendations (with their steps) and operator changes, in time "
+                    "order.")
+    truncated: bool = Field(description="More records fell in the window than limit: "
+                                        "these are the newest.")
+
+
 class RecommendationList(BaseModel):
     recommendations: list[RecommendationRow]
     next_cursor: int | None = Field(description="Pass as ?cursor= for the next page; "
@@ -340,9 +388,17 @@ class NodeExcluded(BaseModel):
 
 
 class EnvironmentMode(BaseModel):
-    configured: Mode
+    configured: Mode = Field(description="The config file's mode.")
     mode: Mode = Field(description="The mode in effect (changed at run time or not).")
     max_restarts: int
+    source: Literal["file", "operator"] = Field(
+        description="Where the mode in effect comes from: the config file, or an "
+                    "operator's recovery-ctl mode (until recovery-ctl mode --clear).")
+    set_by: str | None = Field(description="The operator who set it (null for the file, "
+                                           "or a change older than the audit records).")
+    set_uid: int | None
+    set_at: float | None = Field(description="When (epoch seconds).")
+    reason: str | None
 
 
 class Environments(BaseModel):
@@ -351,8 +407,11 @@ class Environments(BaseModel):
 
 class ModeChanged(BaseModel):
     env: str
-    mode: Mode
+    mode: Mode = Field(description="The mode in effect now.")
     before: Mode
+    source: Literal["file", "operator"]
+    cleared: bool | None = Field(None, description="For a clear: whether an operator's "
+                                                   "mode was there to clear.")
 
 
 class Claimed(BaseModel):

@@ -4,6 +4,7 @@ timeline lanes, attempts, output files, evidence lines and next commands; a
 node's page; and who sees what on each."""
 from __future__ import annotations
 
+import pwd
 import re
 import time
 from types import SimpleNamespace
@@ -132,11 +133,14 @@ def test_overview_lists_jobs_open_and_blocked_recommendations_and_nodes(tmp_path
 
 def test_the_banner_shows_each_environments_mode_and_the_agents_health(tmp_path):
     store, client = make(tmp_path)
-    client.post("/v1/environments/prod/mode", json={"mode": "monitor"})
+    client.post("/v1/environments/prod/mode", json={"mode": "monitor", "reason": "calm"})
     text = client.get("/console").text
     banner = text[text.index("<div id=\"banner\">"):text.index("<main>")]
+    # who set it, when and why (the title), and the file's mode
+    me = pwd.getpwuid(0).pw_name
     assert re.search(r'data-env="prod"><b>prod</b>\s*<span class="tag ">monitor</span>\s*'
-                     r'<span class="muted">\(configured action\)', banner), banner
+                     r'<span class="muted" title="calm">\(set by ' + me + r' \d{4}-\d\d-\d\dT'
+                     r'[\d:]+; configured action\)', banner), banner
     assert re.search(r'data-env="ext"><b>ext</b>\s*<span class="tag warn">external', banner)
     assert "NOT watching: no cycle yet" in banner and 'class="bad tag"' in banner
     store.set_state("heartbeat", {"time": time.time() - 3, "cycles": 41})

@@ -3,7 +3,8 @@
 ``GET /console`` shows a banner (each environment's mode, the agent's health),
 the recommendations still open or blocked, the jobs (filtered by state,
 environment, user, node and category, searched by id, name or user, paged
-with ``?before=``) and the nodes; ``GET /console/job/{id}`` one job: its
+with ``?before=``), the nodes and the operators' latest changes (who, what,
+before and after, why: the audit trail's); ``GET /console/job/{id}`` one job: its
 attempts with their output files, its recommendations, the ``recovery-ctl``
 commands to run next, and its timeline in labelled lanes, attempt by attempt,
 each detection beside its own evidence line; ``GET /console/node/{name}`` one
@@ -59,7 +60,8 @@ def register(app: FastAPI, service: Service, readable) -> None:
     def part(name: str, request: Request) -> HTMLResponse:
         if name == "jobs":
             return page(request, console.jobs_part, args=query(request))
-        parts = {"recommendations": console.recs_part, "nodes": console.nodes_part}
+        parts = {"recommendations": console.recs_part, "nodes": console.nodes_part,
+                 "changes": console.changes_part}
         if name not in parts:
             return HTMLResponse("unknown part", status_code=404)
         return page(request, parts[name])

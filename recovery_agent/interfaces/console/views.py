@@ -21,6 +21,8 @@ from ...store import STORE_ERRORS, Status
 REFRESH_MS = 5000
 PAGE = 100          # jobs per page of the list, unless ?limit= says otherwise
 MAX_PAGE = 500
+CHANGES = 50                  # operator changes on the overview, the newest
+CHANGES_WINDOW = 30 * 86400   # ... of the last 30 days
 FILTERS = ("state", "env", "user", "node", "category", "q")
 LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
         "REQUEUE_HOLD", "RESIZING", "STAGE_OUT", "SIGNALING"}
@@ -209,6 +211,14 @@ class Console:
                 if r.status.is_open or r.status == Status.BLOCKED_BY_BUDGET]
         return self.render("recs.html", recs=rows)
 
+    def changes_part(self, who: Caller | None = None) -> str:
+        """The newest operator changes (the audit trail's), newest first: an
+        admin's every one, a user's those made to their own jobs'
+        recommendations."""
+        rows = self.service.changes(since=self.clock() - CHANGES_WINDOW, who=who,
+                                    limit=CHANGES)
+        return self.render("changes.html", changes=rows[::-1])
+
     def nodes_part(self, who: Caller | None = None) -> str:
         """The same for every reader: no user's jobs in it."""
         return self.render("nodes.html", nodes=self.service.nodes())
@@ -222,6 +232,7 @@ class Console:
         nodes = self.service.nodes()
         return self.page("overview.html", "slurm-recovery console",
                          jobs=self.jobs_part(who, args), recs=self.recs_part(who),
+                         changes=self.changes_part(who),
                          nodes=self.render("nodes.html", nodes=nodes),
                          jobs_part=self.jobs_part_url(who, args),
                          chosen=self.filters(args, who), facets=facets,
