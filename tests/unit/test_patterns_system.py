@@ -96,6 +96,9 @@ def test_emitter_formats_classify(line, rule, category, action):
     "call to cuInit: UNKNOWN ERROR (303)",
     # the NFS lock client recovering, the driver's informational lines
     "[Tue Mar 10 08:43:52 2026] lockd: server 10.0.7.8 OK",
+    # slurmstepd falls back to /tmp and the job goes on
+    "slurmstepd: error: couldn't chdir to `/home/testuser': No such file or directory: going to "
+    "/tmp instead",
     "[14387.511008] nvidia_uvm: module uses symbols from proprietary module nvidia, inheriting "
     "taint.",
     "Dec  6 17:49:03 eduardo-desktop kernel: [ 8659.726078] NVRM: nvidia-bug-report.sh as root "
