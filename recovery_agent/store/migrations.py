@@ -197,6 +197,18 @@ def m010_attempt_output_paths(db: Database) -> None:
     db["attempts"].add_column("stderr", str)
 
 
+def m015_ledger_progress(db: Database) -> None:
+    """What the goodput ledger reads beyond the rest: the last training step
+    each attempt's log reported and when (``last_step``, ``last_step_time``),
+    for steps lost; and the job's batch script as Slurm lists it
+    (``jobs.command``), to tell a stopped job resubmitted unchanged. Rows from
+    before have neither (their figures read unknown)."""
+    db["attempts"].add_column("last_step", int)
+    db["attempts"].add_column("last_step_time", float)
+    db["jobs"].add_column("command", str)
+    db["jobs"].create_index(["cluster", "user", "name"], if_not_exists=True)
+
+
 MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("001_initial", m001_initial),
     ("002_node_reports", m002_node_reports),
@@ -208,6 +220,7 @@ MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("008_strike_witness", m008_strike_witness),
     ("009_event_detections", m009_event_detections),
     ("010_attempt_output_paths", m010_attempt_output_paths),
+    ("015_ledger_progress", m015_ledger_progress),
 ]
 
 

@@ -170,6 +170,9 @@ _HTTP = {
     "complete": lambda c, rec_id, outcome, detail="": c._http(
         "POST", f"/v1/recommendations/{rec_id}/complete",
         {"outcome": outcome, "detail": detail}),
+    "goodput": lambda c, since=None, until=None, by=None: c._http(
+        "GET", "/v1/goodput", since=since, until=until, by=by),
+    "job_goodput": lambda c, job_id: c._http("GET", "/v1/goodput", job=job_id)["summary"],
     "cancel": lambda c, rec_id, reason="": c._http("POST",
                                                    f"/v1/recommendations/{rec_id}/cancel",
                                                    {"reason": reason}),
