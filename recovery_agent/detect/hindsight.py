@@ -115,8 +115,8 @@ class Stop:
 def unchanged(stopped: SubmittedJob, other: SubmittedJob) -> bool:
     """The same job submitted again: same user, name and directive, and the
     same batch script where Slurm listed it for both."""
-    if other.pk == stopped.pk or (other.user, other.name, other.spec) != (
-            stopped.user, stopped.name, stopped.spec):
+    if other.pk == stopped.pk or not (stopped.name or stopped.command) or (
+            other.user, other.name, other.spec) != (stopped.user, stopped.name, stopped.spec):
         return False
     return not (stopped.command and other.command) or stopped.command == other.command
 

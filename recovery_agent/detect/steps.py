@@ -34,19 +34,24 @@ _STEP_LINES = tuple(re.compile(rx) for rx in (
     r"\] step=(\d+), skipped=\d+",
     # TorchTitan's metrics line (pytorch/torchtitan torchtitan/components/metrics.py,
     # f"{color.red}step: {step:2}  {color.green}loss: ..."): "[rank0]:[titan] 2025-06-04
-    # 08:51:48,074 - root - INFO - step:  1  loss: 12.2254  memory: ..."; with colours,
-    # escapes sit between the fields; "validate step: N" is an evaluation, not a step
-    r"(?<!validate )\bstep:\s*(\d+)\s+(?:\x1b\[[\d;]*m)?loss:",
+    # 08:51:48,074 - root - INFO - step:  1  loss: 12.2254  memory: ..." (its colour
+    # escapes are taken out first); "validate step: N" is an evaluation, not a step
+    r"(?<!validate )\bstep:\s*(\d+)\s+loss:",
     # examples/train.py, the demo trainer: "rank 0/2 node1 step 40/200 loss 0.1234
     # (restart 0)"
     r"\bstep (\d+)/\d+ loss \d",
 ))
 
 
+_COLOUR = re.compile(r"\x1b\[[\d;]*m")   # a terminal colour escape
+
+
 def parse_step(line: str) -> int | None:
     """The step a line reports as done, or None."""
     if "step" not in line and "iteration" not in line:
         return None
+    if "\x1b" in line:
+        line = _COLOUR.sub("", line)
     for pattern in _STEP_LINES:
         found = pattern.search(line)
         if found:

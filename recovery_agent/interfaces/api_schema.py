@@ -369,9 +369,13 @@ class Ended(BaseModel):
 
 # -- the goodput ledger (docs/goodput.md) -------------------------------------------------
 GOODPUT_BY = ("env", "user", "category", "node")
-SINCE = ("Where the window starts: Unix seconds, an ISO time (the agent's zone unless it "
-         "names one), or a duration back from now (30m, 2h, 30d). Default: 30 days back.")
-UNTIL = "Where the window ends, in the same forms. Default: now."
+GoodputBy = Literal[GOODPUT_BY]   # type: ignore[valid-type]
+# Unix seconds, or a duration back from now (config.loading's duration units)
+WINDOW_BOUND = r"^(?:\d{1,12}(?:\.\d{1,6})?|\d{1,9}(?:\.\d{1,3})?(?:ms|s|m|h|d))$"
+SINCE = ("Where the window starts: Unix seconds, or a duration back from now (30m, 2h, "
+         "30d). Default: 30 days back.")
+UNTIL = ("Where the window ends, in the same forms. Default: now. A window that ends "
+         "before it starts is empty.")
 Seconds = Union[float, None]
 
 

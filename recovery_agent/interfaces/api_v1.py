@@ -303,11 +303,11 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
              openapi_extra=S.READ_EXTRA,
              responses=S.answers(S.GoodputReport, 400, 401, 403, 404, 503))
     def goodput(request: Request,
-                since: str | None = Query(None, max_length=64, description=S.SINCE),
-                until: str | None = Query(None, max_length=64, description=S.UNTIL),
-                by: str | None = Query(None, json_schema_extra={"enum": list(S.GOODPUT_BY)},
-                                       description="One group per environment, user, "
-                                                   "failure category or node."),
+                since: str | None = Query(None, pattern=S.WINDOW_BOUND, description=S.SINCE),
+                until: str | None = Query(None, pattern=S.WINDOW_BOUND, description=S.UNTIL),
+                by: S.GoodputBy | None = Query(None, description="One group per environment, "
+                                                                "user, failure category or "
+                                                                "node."),
                 job: str | None = Query(None, max_length=64,
                                         description="One job's whole history instead "
                                                     "(since, until and by do not apply).")

@@ -155,7 +155,7 @@ def stop_checks(store: Store, cfg: Config, since: float, until: float,
     """Each stop in the window, and whether its user submitted the job again
     unchanged within ``ledger.resubmit_within`` and it then ran fine."""
     within = cfg.ledger.resubmit_within
-    found = []
+    found, claimed = [], set()   # a resubmission answers for one stop only
     for row in store.ledger_stops(cfg.agent.cluster, since, until):
         if user is not None and (row["user"] or "") != user:
             continue
@@ -164,7 +164,9 @@ def stop_checks(store: Store, cfg: Config, since: float, until: float,
         others = [_submitted(r) for r in store.same_named_jobs(
             cfg.agent.cluster, row["user"] or "", row["name"] or "", stop.time - 60,
             stop.time + within)] if row["name"] else []
-        found.append(check_stop(stop, others, within))
+        verdict = check_stop(stop, [o for o in others if o.pk not in claimed], within)
+        claimed.update(o.pk for o in others if o.job_id == verdict["resubmitted_as"])
+        found.append(verdict)
     return stop_summary(found)
 
 
@@ -226,3 +228,25 @@ def job_report(store: Store, cfg: Config, row: dict, now: float | None = None) -
             "groups": aggregate([record], None, assume, since=since, until=now, now=now),
             "incidents": [i.as_dict() for i in found],
             "summary": summarize([i.as_dict() for i in found])}
+
+
+def overview(store: Store, cfg: Config, since: float, until: float,
+             user: str | None = None, now: float | None = None) -> dict:
+    """What the Console's goodput page draws, from one pass over the window's
+    jobs: the cluster's figures (``all``), the groups by category, environment
+    and node, every incident, and the checks on node blame and stops."""
+    now = time.time() if now is None else now
+    assume = assumptions(cfg)
+    jobs = window(store, cfg.agent.cluster, since, until, user)
+    found = [inc for job in jobs for inc in incidents(job, assume)
+             if in_window(inc, since, until)]
+
+    def groups(by: str | None) -> dict:
+        return aggregate(jobs, by, assume, keep=lambda i: in_window(i, since, until),
+                         since=since, until=until, now=now)
+    return {"since": since, "until": until, "assumptions": assume.as_dict(),
+            "all": groups(None).get("all"), "category": groups("category"),
+            "env": groups("env"), "node": groups("node"),
+            "incidents": [inc.as_dict() for inc in found],
+            "blame": blame_checks(store, cfg, since, until, now, user),
+            "false_stops": stop_checks(store, cfg, since, until, user)}

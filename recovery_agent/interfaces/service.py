@@ -242,10 +242,17 @@ class Service:
             raise BadRequest(str(exc)) from None
         start = now - 30 * 86400 if start is None else start
         end = now if end is None else end
-        if end < start:
-            raise BadRequest("until is before since")
+        end = max(end, start)    # a window that ends before it starts is empty
         return ledger.report(self.store, self.cfg, start, end, by,
                              user=None if sees_all(who) else who.name, now=now)
+
+    def goodput_overview(self, since: float, until: float | None = None,
+                         who: Caller | None = None) -> dict:
+        """What the Console's goodput page shows (:func:`.ledger.overview`): a
+        user's covers their own jobs."""
+        now = self.clock()
+        return ledger.overview(self.store, self.cfg, since, now if until is None else until,
+                               user=None if sees_all(who) else who.name, now=now)
 
     def timeline(self, job_id: str, who: Caller | None = None) -> list[dict]:
         """The job's events with each recommendation step merged in, in time order."""
