@@ -56,6 +56,7 @@ def _environment() -> Environment:
                       autoescape=True, trim_blocks=True,
                       lstrip_blocks=True)
     env.filters.update(when=when, state_tag=state_tag, finished=finished, seconds=_duration,
+                       gpu_hours=_gpu_hours,
                        status_tag=lambda s: STATUS_TAGS.get(str(s), "warn"))
     env.globals.update(refresh_ms=REFRESH_MS, lanes=timeline.LANES)
     return env
@@ -299,8 +300,15 @@ class Console:
                          mine=not sees_all(who), **goodput_charts(led))
 
 
+def _gpu_hours(value: float | None) -> str:
+    """GPU-hours as the page prints them: two decimals, three figures below 1."""
+    if value is None:
+        return "unknown"
+    return f"{value:.2f}" if abs(value) >= 1 or value == 0 else f"{value:.3g}"
+
+
 def _hours(value: float | None) -> str:
-    return "unknown" if value is None else f"{value:.2f} GPU-h"
+    return "unknown" if value is None else f"{_gpu_hours(value)} GPU-h"
 
 
 def _duration(seconds: float | None) -> str:
@@ -316,7 +324,8 @@ def goodput_charts(led: dict) -> dict:
     cats = sorted(led["category"].items(), key=lambda kv: -kv[1]["incidents"])
     mttr = charts.bars([(cat, g["mttr_median_s"],
                          f"median {_duration(g['mttr_median_s'])}, p95 "
-                         f"{_duration(g['mttr_p95_s'])} ({g['recovered']} recovered)")
+                         f"{_duration(g['mttr_p95_s'])} ({g['recovered']} recovered)"
+                         if g["recovered"] else "no recovered incident")
                         for cat, g in cats])
     ettr = charts.bars([(env, g["ettr"],
                          ("unknown" if g["ettr"] is None else f"{g['ettr'] * 100:.1f} %")
