@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -19,8 +20,9 @@ import pytest
 from click.testing import CliRunner
 
 from recovery_agent.interfaces.ctl import main
+from recovery_devtools.devcluster.inject import inject_xid
 from tests.integration.conftest import AgentProcess, job_row, wait_for
-from tests.integration.test_recovery_live import final_rec, xid_under_job
+from tests.integration.test_recovery_live import final_rec, output_has, second_node, train_job
 
 pytestmark = pytest.mark.live
 # train_job's settings: a checkpoint every 20 steps of 0.1 s; a step line every 10
@@ -67,8 +69,14 @@ def test_report_goodput_after_an_xid_recovery(submit, devcluster, tmp_path, clea
     agent = AgentProcess(devcluster, db=tmp_path / "recovery.db")
     agent.start()
     try:
-        job_id, out, bad = xid_under_job(submit, devcluster, tmp_path, cleanup, agent,
-                                         checkpoints=2)
+        job_id, out = train_job(submit, devcluster, tmp_path, "act")
+        _, bad = second_node(devcluster.scheduler(), job_id)
+        cleanup.append((bad, agent))
+        wait_for(lambda: output_has(out, "checkpoint saved:", 2), 60, "2 checkpoints")
+        # halfway to the next checkpoint: work lost is about a second, the size
+        # of the lag the agent's reading of a save line would have added
+        time.sleep(CKPT_INTERVAL / 2)
+        inject_xid(devcluster.lay, bad, 0, 79)
         row = job_row(agent, job_id)
         rec = final_rec(agent, row[0])
         assert (rec["action"], rec["status"]) == ("requeue_exclude", "done")
