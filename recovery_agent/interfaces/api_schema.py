@@ -426,6 +426,141 @@ class Ended(BaseModel):
     status: Literal["done", "failed", "cancelled"]
 
 
+# -- the goodput ledger (docs/goodput.md) -------------------------------------------------
+GOODPUT_BY = ("env", "user", "category", "node")
+GoodputBy = Literal[GOODPUT_BY]   # type: ignore[valid-type]
+# Unix seconds, or a duration back from now (config.loading's duration units)
+WINDOW_BOUND = r"^(?:\d{1,12}(?:\.\d{1,6})?|\d{1,9}(?:\.\d{1,3})?(?:ms|s|m|h|d))$"
+SINCE = ("Where the window starts: Unix seconds, or a duration back from now (30m, 2h, "
+         "30d). Default: 30 days back.")
+UNTIL = ("Where the window ends, in the same forms. Default: now. A window that ends "
+         "before it starts is empty.")
+Seconds = Union[float, None]
+
+
+class GoodputIncident(_Row):
+    """One failed attempt and what followed (seconds; GPU-seconds). A figure
+    the records cannot support is null, and ``unknown`` says why."""
+
+    job_id: str
+    attempt: int
+    env: str
+    user: str
+    category: str
+    nodes: list[str]
+    mode: str
+    action: str
+    outcome: Literal["recovered", "stopped", "given_up", "unknown"]
+    failure: Seconds
+    detected: Seconds
+    acted: Seconds
+    running_again: Seconds
+    gpus: int | None
+    work_lost_s: Seconds
+    steps_lost: int | None
+    downtime_s: Seconds
+    gpu_s_lost: Seconds
+    plain_downtime_s: Seconds
+    saved_s: Seconds
+    gpu_s_saved: Seconds
+    would_have: bool = Field(description="Monitor mode: saved_s is what acting would have "
+                                         "saved.")
+    unknown: dict[str, str] = Field(description="Each figure left null, and why.")
+
+
+class GoodputGroup(_Row):
+    incidents: int
+    recovered: int
+    stopped: int
+    given_up: int
+    unknown: int
+    mttr_median_s: Seconds
+    mttr_p95_s: Seconds
+    gpu_hours_lost: float
+    gpu_hours_saved: float
+    would_have_gpu_hours_saved: float
+    unknown_lost: int
+    unknown_saved: int
+    ettr: Seconds = Field(description="Productive / allocated GPU time of the group's jobs "
+                                      "inside the window; null when no job's is known.")
+    ettr_jobs: int
+    ettr_unknown_jobs: int
+
+
+class BlameCheckRow(_Row):
+    rec: int
+    node: str
+    time: float
+    action: str
+    mode: str
+    verdict: Literal["confirmed", "cleared", "no_evidence"]
+    evidence: list[dict[str, Any]]
+
+
+class BlameSummary(BaseModel):
+    """The precision of node blame: each node excluded or drained in the window
+    (monitor mode: would have been) against its later health reports and jobs."""
+
+    blames: int
+    nodes: int
+    confirmed: int
+    cleared: int
+    no_evidence: int
+    would_have: int
+    precision: Seconds = Field(description="confirmed / (confirmed + cleared); null when "
+                                           "neither.")
+    detail: list[BlameCheckRow]
+
+
+class StopCheckRow(_Row):
+    rec: int
+    job_id: str
+    time: float
+    mode: str
+    verdict: Literal["ran_fine", "failed_again", "pending", "not_resubmitted"]
+    resubmitted_as: str | None
+
+
+class StopSummary(BaseModel):
+    """False-stop evidence: stopped jobs their user resubmitted unchanged."""
+
+    stops: int
+    ran_fine: int
+    failed_again: int
+    pending: int
+    not_resubmitted: int
+    would_have: int
+    detail: list[StopCheckRow]
+
+
+class JobGoodput(BaseModel):
+    """One job's totals: what ``recovery-ctl show job`` prints."""
+
+    incidents: int
+    gpu_s_lost: Seconds
+    unknown_lost: int
+    steps_lost: int | None
+    unknown_steps: int
+    saved_s: Seconds
+    unknown_saved: int
+    would_have: bool
+    detail: list[GoodputIncident]
+
+
+class GoodputReport(BaseModel):
+    since: float
+    until: float
+    by: str
+    job: str | None = Field(None, description="With ?job=: the job's id.")
+    assumptions: dict[str, Any] = Field(description="What plain Slurm is assumed to do "
+                                                    "(the [ledger] config section).")
+    groups: dict[str, GoodputGroup]
+    incidents: list[GoodputIncident]
+    blame: BlameSummary | None = Field(None, description="Absent with ?job=.")
+    false_stops: StopSummary | None = Field(None, description="Absent with ?job=.")
+    summary: JobGoodput | None = Field(None, description="With ?job=: the totals.")
+
+
 # -- who may call, and what each status means --------------------------------------------
 SECURITY_SCHEMES = {
     "munge": {

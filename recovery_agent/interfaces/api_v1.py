@@ -299,6 +299,27 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
         who, data = await caller(request)
         return service.include(who, name, _text(data, "reason"))
 
+    # -- the goodput ledger ------------------------------------------------------
+    @app.get("/v1/goodput", tags=["goodput"], response_model=None,
+             openapi_extra=S.READ_EXTRA,
+             responses=S.answers(S.GoodputReport, 400, 401, 403, 404, 503))
+    def goodput(request: Request,
+                since: str | None = Query(None, pattern=S.WINDOW_BOUND, description=S.SINCE),
+                until: str | None = Query(None, pattern=S.WINDOW_BOUND, description=S.UNTIL),
+                by: S.GoodputBy | None = Query(None, description="One group per environment, "
+                                                                "user, failure category or "
+                                                                "node."),
+                job: str | None = Query(None, max_length=64,
+                                        description="One job's whole history instead "
+                                                    "(since, until and by do not apply).")
+                ) -> dict:
+        """The goodput ledger (docs/goodput.md): incidents by outcome, MTTR,
+        GPU time lost and saved against plain Slurm (and what monitor mode
+        would have saved), ETTR, the precision of node blame and the false-stop
+        evidence, with the assumptions. What ``recovery-ctl report goodput``
+        prints; a user's covers their own jobs."""
+        return service.goodput(since, until, by, readable(request), job)
+
     # -- environments ----------------------------------------------------------
     @app.get("/v1/environments", tags=["config"], response_model=None,
              openapi_extra=S.READ_EXTRA, responses=S.answers(S.Environments, 401, 503))

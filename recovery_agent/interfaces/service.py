@@ -240,9 +240,38 @@ class Service:
         may_read(who, row["user"], f"job {job_id}")
         return ledger.job_summary(self.store, self.cfg, row)
 
-    def goodput(self, since: float, until: float, by: str | None = None) -> dict:
-        """The goodput ledger of the cluster over a window (:mod:`.ledger`)."""
-        return ledger.report(self.store, self.cfg, since, until, by)
+    def goodput(self, since: float | str | None = None, until: float | str | None = None,
+                by: str | None = None, who: Caller | None = None,
+                job: str | None = None) -> dict:
+        """The goodput ledger of the cluster over a window (:mod:`.ledger`);
+        ``since`` and ``until`` as :func:`.ledger.window_time` reads them
+        (default: the last 30 days). A user's covers their own jobs; ``job``
+        gives one job's whole history instead."""
+        now = self.clock()
+        if by is not None and by not in ledger.BY:
+            raise BadRequest(f"by={by!r}: one of {', '.join(ledger.BY)}")
+        if job is not None:
+            row = self.job_row(job)
+            may_read(who, row["user"], f"job {job}")
+            return ledger.job_report(self.store, self.cfg, row, now=now)
+        try:
+            start = ledger.window_time(since, now, "since")
+            end = ledger.window_time(until, now, "until")
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        start = now - 30 * 86400 if start is None else start
+        end = now if end is None else end
+        end = max(end, start)    # a window that ends before it starts is empty
+        return ledger.report(self.store, self.cfg, start, end, by,
+                             user=None if sees_all(who) else who.name, now=now)
+
+    def goodput_overview(self, since: float, until: float | None = None,
+                         who: Caller | None = None) -> dict:
+        """What the Console's goodput page shows (:func:`.ledger.overview`): a
+        user's covers their own jobs."""
+        now = self.clock()
+        return ledger.overview(self.store, self.cfg, since, now if until is None else until,
+                               user=None if sees_all(who) else who.name, now=now)
 
     def timeline(self, job_id: str, who: Caller | None = None) -> list[dict]:
         """The job's events with each recommendation step merged in, in time order."""

@@ -202,6 +202,7 @@ def job_from_json(raw: Mapping[str, Any], version: tuple[int, int, int]) -> Job:
         group_id=number(raw.get("group_id")), comment=raw.get("comment") or "",
         partition=raw.get("partition") or "", cluster=raw.get("cluster") or "",
         workdir=raw.get("current_working_directory") or "",
+        command=raw.get("command") if isinstance(raw.get("command"), str) else "",
         requeue_allowed=bool(raw.get("requeue", True)), held=held,
     )
     return _with_output_paths(job, raw, version)
@@ -233,7 +234,7 @@ _JOB_FIELDS = ("job_id", "array_job_id", "array_task_id", "array_task_string", "
                "exit_code", "state_reason", "hold", "name", "nodes", "batch_host",
                "excluded_nodes", "restart_cnt", "submit_time", "start_time", "end_time",
                "user_name", "user_id", "group_id", "comment", "partition", "cluster",
-               "current_working_directory",
+               "current_working_directory", "command",
                "requeue", "standard_output", "standard_error", "stdout_expanded",
                "stderr_expanded")
 

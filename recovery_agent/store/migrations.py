@@ -272,6 +272,18 @@ def m012_node_states(db: Database) -> None:
     db["node_states"].create_index(["ts"])
 
 
+def m015_ledger_progress(db: Database) -> None:
+    """What the goodput ledger reads beyond the rest: the last training step
+    each attempt's log reported and when (``last_step``, ``last_step_time``),
+    for steps lost; and the job's batch script as Slurm lists it
+    (``jobs.command``), to tell a stopped job resubmitted unchanged. Rows from
+    before have neither (their figures read unknown)."""
+    db["attempts"].add_column("last_step", int)
+    db["attempts"].add_column("last_step_time", float)
+    db["jobs"].add_column("command", str)
+    db["jobs"].create_index(["cluster", "user", "name"], if_not_exists=True)
+
+
 MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("001_initial", m001_initial),
     ("002_node_reports", m002_node_reports),
@@ -285,6 +297,7 @@ MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("010_attempt_output_paths", m010_attempt_output_paths),
     ("011_operator_actions", m011_operator_actions),
     ("012_node_states", m012_node_states),
+    ("015_ledger_progress", m015_ledger_progress),
 ]
 
 

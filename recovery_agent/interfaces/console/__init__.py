@@ -9,7 +9,10 @@ attempts with their output files, its recommendations, the ``recovery-ctl``
 commands to run next, and its timeline in labelled lanes, attempt by attempt,
 each detection beside its own evidence line; ``GET /console/node/{name}`` one
 node: its XIDs, strikes, drains and exclusions with who and why, and the jobs
-that ran there. Each live section is also served alone under
+that ran there; ``GET /console/goodput`` the goodput ledger over a window
+(``?since=30d``): lost GPU-hours by category over time, MTTR, ETTR per
+environment and the worst nodes, drawn on the server as inline SVG
+(:mod:`.charts`), with node blame, stops and every incident. Each live section is also served alone under
 ``/console/part/...``; a small script fetches those every few seconds and
 swaps them in, so a page stays current without a reload (without the script
 a page is complete, only not refreshed). Templates are Jinja2, shipped in the
@@ -50,6 +53,12 @@ def register(app: FastAPI, service: Service, readable) -> None:
     @app.get("/console/job/{job_id}", response_class=HTMLResponse, tags=["console"])
     def job_page(job_id: str, request: Request) -> HTMLResponse:
         return page(request, console.job_page, job_id)
+
+    @app.get("/console/goodput", response_class=HTMLResponse, tags=["console"])
+    def goodput_page(request: Request) -> HTMLResponse:
+        """The goodput ledger: lost GPU-hours by category over time, MTTR, ETTR
+        per environment, the worst nodes, node blame and stops (?since=30d)."""
+        return page(request, console.goodput_page, args=query(request))
 
     # an HTML page for people, not part of the API: kept out of the OpenAPI document
     @app.get("/console/node/{name}", response_class=HTMLResponse, include_in_schema=False)

@@ -172,7 +172,15 @@ _HTTP = {
     "complete": lambda c, rec_id, outcome, detail="": c._http(
         "POST", f"/v1/recommendations/{rec_id}/complete",
         {"outcome": outcome, "detail": detail}),
+    "goodput": lambda c, since=None, until=None, by=None: c._http(
+        "GET", "/v1/goodput", since=_unix(since), until=_unix(until), by=by),
+    "job_goodput": lambda c, job_id: c._http("GET", "/v1/goodput", job=job_id)["summary"],
     "cancel": lambda c, rec_id, reason="": c._http("POST",
                                                    f"/v1/recommendations/{rec_id}/cancel",
                                                    {"reason": reason}),
 }
+
+
+def _unix(when: float | None) -> str | None:
+    """A time as the API's window bounds take it (Unix seconds, to the ms)."""
+    return None if when is None else f"{max(when, 0.0):.3f}"

@@ -103,8 +103,10 @@ def show_job(job_id: str, config_path, db_path, url, as_json: bool) -> None:
                 f"Mode={row.get('effective_mode') or row['mode'] or '-'} "
                 f"State={row['state']} "
                 f"Restarts={row['restart_count']}", bold=True)
-    if client.service is not None:
+    try:
         click.echo(f"  Goodput: {summary_line(client.call('job_goodput', job_id))}")
+    except click.ClickException as exc:   # an agent without the ledger: the rest still shows
+        click.echo(f"  Goodput: not available ({exc.message})")
     for a in detail["attempts"]:
         click.echo(f"  Attempt={a['attempt']} State={a['state'] or '-'} "
                    f"Nodes={','.join(a['nodes']) or '-'} Checkpoint={a['ckpt_path'] or '-'}")
