@@ -186,7 +186,7 @@ install-test: deps deb
 # virtualenv are cached as tarballs in SLURM_CHROOT_CACHE.
 SLURM              ?=
 SLURM_MATRIX       ?= 22.05 24.11 26.05
-SUITES             ?= contract recovery spank hooks faults
+SUITES             ?= contract recovery spank hooks faults rest-loop
 SLURM_CHROOT_CACHE ?= $(CURDIR)/build/slurm-chroots
 SLURM_MATRIX_PORT  ?= 27817
 

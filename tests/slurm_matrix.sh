@@ -3,11 +3,16 @@
 # (docs/slurm-versions.md).
 #
 #   tests/slurm_matrix.sh VERSION [SUITE...]
+#   tests/slurm_matrix.sh VERSION --run 'COMMAND' [rest]   (a shell command in there
+#       instead, with the dev cluster up: RECOVERY_DEVCLUSTER_DIR, RECOVERY_TEST_PORT set)
 #
 # VERSION 24.11 runs in a debootstrap chroot of Debian trixie, 26.05 in one of
 # sid (those releases' slurm-wlm, munge and libslurm-dev). 22.05 is this host's
 # own Slurm: the same suites on a host dev cluster. SUITE is any of contract,
-# recovery, spank, hooks, faults (default: all of them).
+# recovery, spank, hooks, faults, rest, rest-loop (default: the first five). rest
+# runs the dev cluster with slurmrestd and the CLI and REST contracts side by
+# side; rest-loop (implies rest) adds the recovery loop with the agent on the
+# REST backend.
 #
 # The chroot is built once and kept as a tarball in SLURM_CHROOT_CACHE
 # (default build/slurm-chroots/), the virtualenv (the checkout installed
@@ -25,12 +30,21 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 version=${1:?usage: slurm_matrix.sh VERSION [SUITE...]}
 shift
+run_cmd=
+if [ "${1:-}" = --run ]; then   # --run 'COMMAND': that, on the dev cluster inside, not pytest
+    run_cmd=${2:?usage: slurm_matrix.sh VERSION --run COMMAND}
+    shift 2
+fi
 suites=${*:-contract recovery spank hooks faults}
+rest=0 rest_loop=0
+case " $suites " in *" rest "*) rest=1 ;; esac
+case " $suites " in *" rest-loop "*) rest=1 rest_loop=1 ;; esac
 cache=${SLURM_CHROOT_CACHE:-$repo/build/slurm-chroots}
 mirror=${RECOVERY_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 port=${SLURM_MATRIX_PORT:-27817}
 packages="slurm-wlm slurmctld slurmd slurm-client munge libslurm-dev gcc make libc6-dev"
 packages="$packages python3 python3-venv python3-dev procps ca-certificates"
+packages="$packages slurmrestd slurm-wlm-jwt-plugin"
 
 die() { printf 'slurm-matrix: %s\n' "$*" >&2; exit 1; }
 say() { printf '== slurm-matrix %s: %s\n' "$version" "$*"; }
@@ -44,7 +58,9 @@ suite_files() {   # SUITE... -> the test files
             spank) echo tests/integration/test_spank*.py ;;
             hooks) echo tests/integration/test_hooks_live.py ;;
             faults) echo tests/integration/test_faults_live.py ;;
-            *) die "unknown suite '$s' (contract recovery spank hooks faults)" ;;
+            rest) echo tests/integration/test_scheduler_contract*.py ;;
+            rest-loop) echo tests/integration/test_scheduler_contract*.py ;;
+            *) die "unknown suite '$s' (contract recovery spank hooks faults rest rest-loop)" ;;
         esac
     done
 }
@@ -58,13 +74,24 @@ if [ "$version" = 22.05 ]; then
     say "the host's Slurm $host, dev cluster on port $port"
     cd "$repo"
     # shellcheck disable=SC2046
-    files=$(cd "$repo" && suite_files $suites)
+    files=$(cd "$repo" && suite_files $suites | tr ' ' '\n' | sort -u)
+    export RECOVERY_DEVCLUSTER_REST=$rest
     "$bin/recovery-devcluster" up --state-dir "$state" --port "$port"
     rc=0
     start=$SECONDS
     # shellcheck disable=SC2086
     RECOVERY_DEVCLUSTER_DIR=$state RECOVERY_TEST_PORT=$port RECOVERY_SPANK_TEST_PORT=$((port + 40)) \
         "$bin/python" -m pytest -p no:cacheprovider -q $files ${PYTEST_ARGS:-} || rc=$?
+    if [ "$rest_loop" = 1 ]; then
+        say "the recovery loop with the agent on the REST backend"
+        # shellcheck disable=SC2086
+        RECOVERY_DEVCLUSTER_DIR=$state RECOVERY_TEST_PORT=$port \
+            RECOVERY_SCHEDULER_BACKEND=rest RECOVERY_SCHEDULER_REST_USER=$(id -un) \
+            RECOVERY_SCHEDULER_REST_URL=http://127.0.0.1:$((port + 80)) \
+            RECOVERY_SCHEDULER_REST_TOKEN_FILE=$state/etc/rest.token \
+            "$bin/python" -m pytest -p no:cacheprovider -q tests/integration/test_recovery_live.py \
+            ${PYTEST_ARGS:-} || rc=$?
+    fi
     say "suites took $((SECONDS - start))s (rc=$rc)"
     "$bin/recovery-devcluster" down --state-dir "$state" || true
     exit $rc
@@ -80,7 +107,8 @@ for tool in debootstrap unshare chroot tar; do
     command -v $tool >/dev/null || die "needs $tool (apt-get install debootstrap util-linux)"
 done
 
-base=$cache/$suite-slurm.tar
+# the chroot's name carries its package list: a changed list builds a new one
+base=$cache/$suite-slurm-$(echo "$packages" | sha256sum | cut -c1-8).tar
 key=$(cat "$repo/pyproject.toml" "$repo/tools/pyproject.toml" | sha256sum | cut -c1-16)
 venv_tar=$cache/$suite-venv-$key.tar
 scratch=${SLURM_CHROOT_SCRATCH:-/tmp/slurm-chroot-$version}
@@ -115,7 +143,10 @@ build_base() {   # debootstrap + Debian's Slurm, into $base
     say "cached $base ($(du -h "$base" | cut -f1)) in $((SECONDS - t0))s"
 }
 
-[ -f "$base" ] || build_base
+if [ ! -f "$base" ]; then
+    rm -f "$cache/$suite-slurm"*.tar
+    build_base
+fi
 
 # a fresh scratch root each run: the cached tree, then the cached virtualenv
 cleanup() {
@@ -142,8 +173,9 @@ mkdir -p "$root/src"
 say "scratch root ready in $((SECONDS - t0))s"
 
 # shellcheck disable=SC2046
-files=$(cd "$repo" && suite_files $suites | tr '\n' ' ')
+files=$(cd "$repo" && suite_files $suites | tr ' ' '\n' | sort -u | tr '\n' ' ')
 rc=0
+export MATRIX_RUN=$run_cmd
 unshare --mount --pid --fork --propagation private sh -ec "
     mount -t proc proc '$root/proc'
     mount --rbind /dev '$root/dev'
@@ -152,7 +184,7 @@ unshare --mount --pid --fork --propagation private sh -ec "
     mount --bind '$repo' '$root/src'
     exec chroot '$root' /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
         LC_ALL=C.UTF-8 PIP_CERT=/etc/ssl/certs/ca-certificates.crt SLURM_WANT='$version' SLURM_MATRIX_PORT='$port' \
-        VENV_KEY='$key' PYTEST_ARGS='${PYTEST_ARGS:-}' \
+        VENV_KEY='$key' PYTEST_ARGS='${PYTEST_ARGS:-}' MATRIX_REST='$rest' MATRIX_REST_LOOP='$rest_loop' MATRIX_RUN=\"\$MATRIX_RUN\" \
         /bin/bash /src/tests/slurm_matrix_inner.sh $files
 " || rc=$?
 

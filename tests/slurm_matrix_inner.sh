@@ -66,13 +66,39 @@ export RECOVERY_SPANK_PLUGIN=$plugin_dir/slurm_recovery.so
 say "SPANK plugin built against $(dpkg-query -W -f='libslurm-dev ${Version}' libslurm-dev) in $((SECONDS - t))s"
 
 cd /src
+# the rest suite: slurmrestd too (jwt on port+80, munge on a local socket)
+export RECOVERY_DEVCLUSTER_REST=${MATRIX_REST:-0}
 recovery-devcluster up --state-dir $state --port "$port"
 rc=0
 t=$SECONDS
+if [ -n "${MATRIX_RUN:-}" ]; then
+    RECOVERY_DEVCLUSTER_DIR=$state RECOVERY_TEST_PORT=$port SLURM_CONF=$state/etc/slurm.conf \
+        bash -c "$MATRIX_RUN" || rc=$?
+    say "the command took $((SECONDS - t))s (rc=$rc)"
+    recovery-devcluster down --state-dir $state >/dev/null 2>&1 || true
+    exit $rc
+fi
 # shellcheck disable=SC2086
 # the SPANK suite's own two-node cluster inside our range too (P+40..P+43)
 RECOVERY_DEVCLUSTER_DIR=$state RECOVERY_TEST_PORT=$port RECOVERY_SPANK_TEST_PORT=$((port + 40)) \
     python -m pytest -p no:cacheprovider -q "$@" ${PYTEST_ARGS:-} || rc=$?
+if [ "${MATRIX_REST_LOOP:-0}" = 1 ]; then
+    say "the recovery loop with the agent on the REST backend"
+    # shellcheck disable=SC2086
+    RECOVERY_DEVCLUSTER_DIR=$state RECOVERY_TEST_PORT=$port \
+        RECOVERY_SCHEDULER_BACKEND=rest RECOVERY_SCHEDULER_REST_USER=$(id -un) \
+        RECOVERY_SCHEDULER_REST_URL=http://127.0.0.1:$((port + 80)) \
+        RECOVERY_SCHEDULER_REST_TOKEN_FILE=$state/etc/rest.token \
+        python -m pytest -p no:cacheprovider -q tests/integration/test_recovery_live.py \
+        ${PYTEST_ARGS:-} || rc=$?
+fi
 say "suites took $((SECONDS - t))s (rc=$rc)"
+if [ "$rc" != 0 ]; then
+    # the daemons' and the agent's logs outlive this root's /tmp: where a failure is read
+    keep=/src/build/slurm-matrix-logs/$SLURM_WANT
+    rm -rf "$keep"; mkdir -p "$keep"
+    cp -r $state/log/. "$keep/" 2>/dev/null || true
+    say "logs kept in ${keep#/src/}"
+fi
 recovery-devcluster down --state-dir $state >/dev/null 2>&1 || true
 exit $rc

@@ -19,6 +19,16 @@ from .steps import may_have_run
 
 log = logging.getLogger("recovery_agent.act.actuator")   # the actuator's, as before its split
 
+# Whole seconds between the second of our requeue and the restart. Each slurmd
+# keeps the time it was told to kill an attempt and refuses to launch the job
+# again under a credential that is not newer ("Job 1 already killed, do not
+# launch batch job"; slurmctld: "Killing non-startable batch JobId=1: Job
+# credential revoked"). Seen live on 24.11: StartTime=now 0.5 s after the
+# requeue, the start in the next second was refused and cost an attempt.
+# Slurm's own guard is its two-minute requeue delay; ours is to let the job
+# start no sooner than this many whole seconds after the requeue's second.
+RELAUNCH_GAP_S = 2
+
 
 class JobRecovery:
     """The actuator's part that recovers jobs (a part of
@@ -114,6 +124,9 @@ class JobRecovery:
         if job.state == "COMPLETING":
             return   # still stopping the killed attempt; next pass
         if job.is_pending and job.held:
+            if now < relaunch_after(rec.held_at):
+                self._exclude(rec, job)   # the start waits for RELAUNCH_GAP_S; next pass
+                return
             self._exclude_and_start(rec, job, done, retried=_failed_since_start(steps))
             self._step(rec, "release", lambda: self.scheduler.release(rec.job_id))
             self._finish(rec, Status.DONE)
@@ -140,15 +153,28 @@ class JobRecovery:
         again when a step failed after it (a controller killed then may come
         back from state saved before it; squeue does not show the begin time,
         so it cannot be checked)."""
+        self._exclude(rec, job)
+        if "start_now" not in done or retried:
+            self._step(rec, "start_now", lambda: self.scheduler.start_now(rec.job_id),
+                       "again: a step failed since; slurmctld may have lost it" if retried
+                       and "start_now" in done else "")
+
+
+    def _exclude(self, rec: Recommendation, job: Job) -> None:
+        """Our exclusions on the pending job, unless Slurm shows them already."""
         want = list(rec.exclude or [])
         if want and sorted(job.excluded_nodes) != sorted(want):
             self._step(rec, "exclude",
                        lambda: self.scheduler.set_excluded_nodes(rec.job_id, want),
                        ",".join(want))
-        if "start_now" not in done or retried:
-            self._step(rec, "start_now", lambda: self.scheduler.start_now(rec.job_id),
-                       "again: a step failed since; slurmctld may have lost it" if retried
-                       and "start_now" in done else "")
+
+
+def relaunch_after(held_at: float | None) -> float:
+    """The earliest moment for StartTime=now after a requeue at ``held_at``
+    (see RELAUNCH_GAP_S); no wait when the requeue's time is unknown."""
+    if not held_at:
+        return 0.0
+    return float(int(held_at) + RELAUNCH_GAP_S)
 
 
 def _failed_since_start(steps: list[dict]) -> bool:

@@ -82,7 +82,8 @@ def _coerce(key: str, spec: Field, value: Any) -> Any:
     raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}")
 
 
-def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+def _values(cls: type, data: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """The keys of a table, each coerced to ``cls``'s declared type."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{prefix}: expected a table, got {data!r}")
     known = {f.name: f for f in fields(cls)}
@@ -91,7 +92,45 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
         if key not in known:
             raise ConfigError(f"{prefix}.{key}: unknown key (known: {', '.join(known)})")
         values[key] = _coerce(f"{prefix}.{key}", known[key], value)
-    return cls(**values)
+    return values
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str, base: Any = None) -> Any:
+    """``cls`` from a table: its keys over ``base`` (an instance to inherit
+    from), else over the built-in defaults."""
+    values = _values(cls, data, prefix)
+    return replace(base, **values) if base is not None else cls(**values)
+
+
+def environments(raw: Any) -> dict[str, EnvironmentConfig]:
+    """The ``[environments.*]`` tables: ``default`` over the built-in
+    defaults, and every other one over ``default``, so that a key set once in
+    ``[environments.default]`` holds everywhere unless an environment sets
+    its own."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError("environments: expected tables such as [environments.prod]")
+    default = _build(EnvironmentConfig, raw.get("default", {}), "environments.default")
+    return {"default": default,
+            **{name: _build(EnvironmentConfig, value, f"environments.{name}", base=default)
+               for name, value in raw.items() if name != "default"}}
+
+
+def inherited_anyway(raw: Any) -> list[tuple[str, str, Any]]:
+    """The keys of ``[environments.NAME]`` tables (not ``default``'s) set to
+    the value they would inherit from ``[environments.default]`` anyway:
+    (environment, key, value), for ``recovery-ctl check`` to point out. The
+    tables are assumed valid (:func:`environments` took them)."""
+    if not isinstance(raw, Mapping):
+        return []
+    default = environments(raw)["default"]
+    found = []
+    for name, table in raw.items():
+        if name == "default" or not isinstance(table, Mapping):
+            continue
+        for key, value in _values(EnvironmentConfig, table, f"environments.{name}").items():
+            if value == getattr(default, key):
+                found.append((name, key, value))
+    return found
 
 
 _SSH_HOST = re.compile(r"^(?!-)(?:[A-Za-z0-9._-]+@)?(?!-)[A-Za-z0-9.:\[\]_-]+$")
@@ -317,13 +356,8 @@ def from_mapping(data: Mapping[str, Any], source: str = "") -> Config:
         raise ConfigError(f"{sorted(unknown)[0]}: unknown section (known: "
                           f"{', '.join([*SECTIONS, 'environments'])})")
     parts = {name: _build(cls, data.get(name, {}), name) for name, cls in SECTIONS.items()}
-    envs_raw = data.get("environments", {})
-    if not isinstance(envs_raw, Mapping):
-        raise ConfigError("environments: expected tables such as [environments.prod]")
-    envs = {name: _build(EnvironmentConfig, value, f"environments.{name}")
-            for name, value in envs_raw.items()}
-    envs.setdefault("default", EnvironmentConfig())
-    cfg = Config(**parts, environments=envs, source=source)
+    cfg = Config(**parts, environments=environments(data.get("environments", {})),
+                 source=source)
     _validate(cfg)
     return cfg
 

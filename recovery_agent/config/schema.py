@@ -46,6 +46,11 @@ class AgentConfig:
                           default="/var/lib/slurm-recovery")
     poll_interval: float = _doc("Time between scheduler polls (one batched query each).",
                                 duration=True, default=2.0)
+    node_poll_interval: float = _doc(
+        "How often the watch loop lists the nodes (sinfo) and records each change of a "
+        "node's availability (down, drained, its drain reason, user and time), which "
+        "recovery-ctl report scores monitor mode against, including drains lifted "
+        "since. 0 records nothing.", duration=True, default=30.0)
     log_level: str = _doc("DEBUG, INFO, WARNING or ERROR.", default="INFO")
     patterns_dir: str = _doc("A directory of the site's own pattern packs (*.toml), "
                              "loaded after the shipped ones.", default="")
@@ -357,7 +362,21 @@ class LedgerConfig:
                               "checkpoints count as unknown).", duration=True, default=120.0)
     time_slack: float = _doc("A checkpoint of the failed attempt dated at most this after "
                              "the failure counts as saved at the failure (work lost 0); "
-                             "later, its work lost is unknown.", duration=True, default=3.0)
+                             "later, its work lost is unknown. It covers Slurm's end time "
+                             "in whole seconds and node clock skew (and, for a save line "
+                             "without a time stamp, the agent's reading lag).",
+                             duration=True, default=3.0)
+    blame_horizon: float = _doc("How long after a node was excluded or drained its health "
+                                "reports and later jobs count for or against the blame "
+                                "(the precision of node blame).", duration=True,
+                                default=7 * 86400.0)
+    resubmit_within: float = _doc("A stopped job its user submits again unchanged (same "
+                                  "name, script and directive) within this counts as "
+                                  "resubmitted (the false-stop evidence).", duration=True,
+                                  default=86400.0)
+    metrics_window: float = _doc("The window of the slurm_recovery_ettr gauge on /metrics "
+                                 "(the counters cover the whole store).", duration=True,
+                                 default=30 * 86400.0)
 
 
 SECTIONS: dict[str, type] = {"agent": AgentConfig, "scheduler": SchedulerConfig,

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Iterable, NamedTuple, Sequence
+
+from .stamps import line_time
 
 __all__ = ["CheckpointFound", "CheckpointRecord", "CheckpointWatcher",
            "attempts_without_progress", "ignored_name", "newest_found", "parse_saved",
@@ -103,13 +105,16 @@ _SAVED = tuple((name, re.compile(rx, re.IGNORECASE)) for name, rx in (
 @dataclass(frozen=True)
 class CheckpointRecord:
     """A checkpoint an attempt produced: path and step when known, and when
-    (the save line's time, or the file's mtime). ``source`` is ``log:<wording>``
-    or ``ckpt`` (found under the ckpt= path)."""
+    (the save line's own stamp, else the time the agent read it; or the file's
+    mtime). ``source`` is ``log:<wording>`` or ``ckpt`` (found under the ckpt=
+    path); ``clock`` says where ``time`` came from: ``line`` (the stamp),
+    ``read`` (the agent's reading) or ``file`` (the mtime)."""
 
     path: str | None
     step: int | None
     time: float
     source: str = ""
+    clock: str = field(default="", compare=False)
 
     def newer_than(self, other: "CheckpointRecord | None") -> bool:
         """Whether this checkpoint is progress over ``other``: a higher step
@@ -166,13 +171,19 @@ class CheckpointWatcher:
                 record.step is None and old.step is None and record.time >= old.time):
             self.newest = record
 
-    def feed(self, time: float, line: str) -> CheckpointRecord | None:
-        """Take one log line; the record when it announced a save."""
+    def feed(self, time: float, line: str, started: float | None = None
+             ) -> CheckpointRecord | None:
+        """Take one log line read at ``time``; the record when it announced a
+        save, dated by the line's own stamp where it carries one that fits
+        (:func:`~recovery_agent.detect.stamps.line_time`, not before the
+        attempt ``started``), else by ``time``."""
         saved = parse_saved(line)
         if saved is None:
             return None
         name, path, step = saved
-        record = CheckpointRecord(path, step, time, f"log:{name}")
+        stamped = line_time(line, time, started)
+        record = CheckpointRecord(path, step, time if stamped is None else stamped,
+                                  f"log:{name}", "read" if stamped is None else "line")
         self._keep(record)
         return record
 
@@ -184,7 +195,8 @@ class CheckpointWatcher:
         and are not this attempt's progress."""
         if found is None or (started is not None and found.mtime < started):
             return None
-        record = CheckpointRecord(found.path, step_from_path(found.path), found.mtime, "ckpt")
+        record = CheckpointRecord(found.path, step_from_path(found.path), found.mtime, "ckpt",
+                                  "file")
         self._keep(record)
         return record
 

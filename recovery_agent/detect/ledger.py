@@ -45,8 +45,14 @@ class Assumptions:
     ran before the agent watched it.
     ``time_slack_s``: a checkpoint of the failed attempt dated at most this
     after the failure was saved at the failure (work lost 0): the failure time
-    can be Slurm's end time, in whole seconds, and a checkpoint's the time the
-    agent read its save line; later than that, work lost is unknown."""
+    can be Slurm's end time, cut to whole seconds (up to 1 s early), and a
+    checkpoint's comes from a node's clock (the save line's stamp, the file's
+    mtime) or, for a line without a stamp, from when the agent read it (about
+    a second late); later than that, work lost is unknown.
+    ``blame_horizon_s``: how long after a node was excluded or drained its
+    later health checks and jobs count as evidence for or against the blame.
+    ``resubmit_within_s``: how soon after a stop the same job submitted again
+    by its user counts as a resubmission."""
 
     requeue_delay_s: float = 120.0
     repeat_on_node: bool = True
@@ -54,6 +60,8 @@ class Assumptions:
     hang_noticed_after_s: float | None = None
     seen_within_s: float = 120.0
     time_slack_s: float = 3.0
+    blame_horizon_s: float = 7 * 86400.0
+    resubmit_within_s: float = 86400.0
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -75,7 +83,8 @@ class AttemptRecord:
     nodes: tuple[str, ...] = ()
     gpus: int | None = None          # GPUs of the attempt; None: unknown
     first_seen: float | None = None  # when the agent first saw it
-    last_step: int | None = None     # the last step the log printed, when known
+    last_step: int | None = None     # the last step the log reported, when known
+    last_step_time: float | None = None   # when it reported it
 
 
 @dataclass(frozen=True)
@@ -210,10 +219,11 @@ def _work_lost(job: JobRecord, att: AttemptRecord, inc: Incident,
         inc.unknown["work_lost"] = "a checkpoint of this attempt is dated after its failure"
         return
     if after:
-        # saved at the failure, as far as the clocks tell (Slurm's whole seconds,
-        # the agent's reading of the save line): nothing was lost
+        # saved at the failure, as far as the clocks tell (Slurm's whole seconds;
+        # a save line without a stamp, dated when the agent read it): nothing lost
         inc.work_lost_s = 0.0
-        inc.unknown["steps_lost"] = "the step at the failure is not recorded"
+        _steps_lost(att, max((c for c in job.checkpoints if c.time > inc.failure
+                              and c.attempt == att.attempt), key=lambda c: c.time), inc, assume)
         return
     if not before:
         late = (att.first_seen is not None and att.start is not None
@@ -228,10 +238,27 @@ def _work_lost(job: JobRecord, att: AttemptRecord, inc: Incident,
         return
     since = max(newest.time, att.start)
     inc.work_lost_s = inc.failure - since
-    if att.last_step is not None and newest.step is not None and newest.attempt == att.attempt:
-        inc.steps_lost = max(0, att.last_step - newest.step)
+    _steps_lost(att, newest, inc, assume)
+
+
+def _steps_lost(att: AttemptRecord, ckpt: SavedCheckpoint, inc: Incident,
+                assume: Assumptions) -> None:
+    """The last step the attempt's log reported minus the step of the
+    checkpoint it falls back to. The job resumes from that checkpoint whichever
+    attempt wrote it, so an earlier attempt's counts too, as long as the log's
+    steps went beyond it (else the two do not count the same steps)."""
+    if att.last_step is None:
+        inc.unknown["steps_lost"] = "the log reported no step (no known step line)"
+    elif ckpt.step is None:
+        inc.unknown["steps_lost"] = "the checkpoint's step is not known"
+    elif inc.failure is not None and att.last_step_time is not None \
+            and att.last_step_time > inc.failure + assume.time_slack_s:
+        inc.unknown["steps_lost"] = "the last step reported is dated after the failure"
+    elif att.last_step < ckpt.step and ckpt.attempt != att.attempt:
+        inc.unknown["steps_lost"] = ("the log's steps stay below the checkpoint's: it "
+                                     "resumed from an older one")
     else:
-        inc.unknown["steps_lost"] = "the step at the failure is not recorded"
+        inc.steps_lost = max(0, att.last_step - ckpt.step)
 
 
 def _downtime(job: JobRecord, inc: Incident) -> None:
@@ -334,37 +361,80 @@ def median(values: list[float]) -> float | None:
 @dataclass
 class JobTime:
     """One job's allocated and productive GPU-seconds (for ETTR); None when
-    some incident's work lost is unknown."""
+    some figure it needs is unknown."""
 
     allocated: float | None
     productive: float | None
 
 
-def job_time(job: JobRecord, found: list[Incident]) -> JobTime:
-    """Allocated: Σ GPUs × (end − start) over the job's ended attempts, plus
-    the downtime of its incidents (the job waited, not of its own accord);
-    productive: allocated minus GPU-seconds lost."""
+# attempt states with no end yet: it runs (or waits to) at the window's end
+LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING",
+                         "COMPLETING", "STAGE_OUT", "SIGNALING"})
+
+
+def overlap(start: float, end: float, since: float | None, until: float | None) -> float:
+    """Seconds of [start, end] inside [since, until] (None: unbounded)."""
+    low = start if since is None else max(start, since)
+    high = end if until is None else min(end, until)
+    return max(0.0, high - low)
+
+
+def job_time(job: JobRecord, found: list[Incident], since: float | None = None,
+             until: float | None = None, now: float | None = None) -> JobTime:
+    """The job's GPU-seconds inside [since, until] (None: its whole life).
+    Allocated: Σ GPUs × the part of each attempt's run inside the window (an
+    attempt still running counts up to ``until`` or ``now``, the earlier), plus the part of each
+    incident's downtime inside it (the job waited, not of its own accord);
+    productive: allocated minus the part of each incident's lost GPU time
+    inside the window (its work lost, then its downtime). An incident after
+    which the job never ran again costs its work lost only: the allocation
+    ended with it."""
     allocated = 0.0
     for att in job.attempts:
-        if att.start is None or att.end is None or att.gpus is None or att.end < att.start:
+        end = att.end
+        if end is None and (att.state or "") in LIVE_STATES:
+            bounds = [t for t in (until, now) if t is not None]
+            end = min(bounds) if bounds else None
+        if att.start is None or end is None or att.gpus is None or end < att.start:
             return JobTime(None, None)
-        allocated += att.gpus * (att.end - att.start)
+        allocated += att.gpus * overlap(att.start, end, since, until)
     lost = 0.0
     for inc in found:
-        if inc.gpu_s_lost is None:
+        parts = _lost_spans(job, inc)
+        if parts is None:
             return JobTime(None, None)
-        lost += inc.gpu_s_lost
-        allocated += (inc.gpus or 0) * (inc.downtime_s or 0.0)
+        (lost_from, failure), waited = parts
+        gpus = inc.gpus or 0
+        down = overlap(failure, waited, since, until) if waited is not None else 0.0
+        lost += gpus * (overlap(lost_from, failure, since, until) + down)
+        allocated += gpus * down
     return JobTime(allocated, allocated - lost)
+
+
+def _lost_spans(job: JobRecord, inc: Incident
+                ) -> tuple[tuple[float, float], float | None] | None:
+    """(work lost from, failure) and the end of the downtime (None: the job
+    never ran again, nothing waited), or None when a figure is unknown."""
+    if inc.failure is None or inc.work_lost_s is None or inc.gpus is None:
+        return None
+    span = (inc.failure - inc.work_lost_s, inc.failure)
+    if inc.downtime_s is not None:
+        return span, inc.failure + inc.downtime_s
+    if job.state in FINAL_STATES and inc.running_again is None \
+            and inc.attempt == max(a.attempt for a in job.attempts):
+        return span, None
+    return None
 
 
 def aggregate(jobs: Iterable[JobRecord], by: str | None = None,
               assume: Assumptions = Assumptions(),
-              keep: Callable[[Incident], bool] = lambda inc: True) -> dict[str, dict]:
+              keep: Callable[[Incident], bool] = lambda inc: True,
+              since: float | None = None, until: float | None = None,
+              now: float | None = None) -> dict[str, dict]:
     """The ledger per group (``by``: env, user, category or node; None: one
     group ``all``): counts by outcome, MTTR, GPU-hours lost and saved, ETTR,
     and how many figures were unknown. ``keep``: which incidents count (those
-    of a window); ETTR is over the whole of each job."""
+    of a window); ETTR counts the part of each job inside [since, until]."""
     groups: dict[str, dict] = {}
 
     def group(key: str) -> dict:
@@ -377,7 +447,7 @@ def aggregate(jobs: Iterable[JobRecord], by: str | None = None,
         found = incidents(job, assume)
         if by in (None, "env", "user"):
             key = "all" if by is None else (job.env if by == "env" else job.user) or "-"
-            times = job_time(job, found)
+            times = job_time(job, found, since, until, now)
             g = group(key)
             if times.allocated is None:
                 g["ettr_unknown_jobs"] += 1

@@ -56,6 +56,15 @@ class ExcludeBody(BaseModel):
 
 class ModeBody(BaseModel):
     mode: Mode = Field(description="The environment's new mode.")
+    reason: str = Field("", description="Why (kept up to 500 characters, in the audit "
+                                        "trail).")
+
+
+class ReasonBody(BaseModel):
+    """An operator change that needs nothing more than, at most, why."""
+
+    reason: str = Field("", description="Why (kept up to 500 characters, in the audit "
+                                        "trail).")
 
 
 class CompleteBody(BaseModel):
@@ -100,8 +109,8 @@ class HookReport(_Row):
     delivery: dict[str, Any] | None = None
 
 
-BODIES: tuple[type[BaseModel], ...] = (ExcludeBody, ModeBody, CompleteBody, CancelBody,
-                                       SignedBody, HookReport)
+BODIES: tuple[type[BaseModel], ...] = (ExcludeBody, ModeBody, ReasonBody, CompleteBody,
+                                       CancelBody, SignedBody, HookReport)
 
 
 # -- answers --------------------------------------------------------------------------
@@ -247,6 +256,45 @@ class RecommendationDetail(RecommendationRow):
     steps: list[Step]
 
 
+class AuditRecommendation(RecommendationDetail):
+    kind: Literal["recommendation"]
+
+
+class OperatorChange(BaseModel):
+    """One operator change (recovery-ctl mode, exclude, include, ack, complete,
+    cancel, or their API calls), as the audit trail records it."""
+
+    kind: Literal["operator"]
+    id: int
+    created: float = Field(description="When (epoch seconds).")
+    action: Literal["mode", "mode_clear", "exclude", "include", "ack", "complete", "cancel"]
+    actor: str = Field(description="The Unix user munge (or the kernel, or recovery-ctl "
+                                   "--db's own uid) named.")
+    actor_uid: int
+    role: Literal["admin", "user"] | None = Field(description="null for a change carried "
+                                                          "over from before role records.")
+    via: Literal["api", "store"] | None = Field(description="api: through the agent; "
+                                                        "store: recovery-ctl --db.")
+    target: str | None = Field(description="The environment, the node, or #REC.")
+    env: str | None
+    node: str | None
+    rec: int | None
+    job_id: str | None
+    user: str | None = Field(description="The owner of the recommendation's job.")
+    before: str | None = Field(description="A mode; excluded or included; a status.")
+    after: str | None
+    reason: str | None
+    data: dict[str, Any]
+
+
+class AuditList(BaseModel):
+    records: list[Union[OperatorChange, AuditRecommendation]] = Field(
+        description="Recommendations (with their steps) and operator changes, in time "
+                    "order.")
+    truncated: bool = Field(description="More records fell in the window than limit: "
+                                        "these are the newest.")
+
+
 class RecommendationList(BaseModel):
     recommendations: list[RecommendationRow]
     next_cursor: int | None = Field(description="Pass as ?cursor= for the next page; "
@@ -340,9 +388,17 @@ class NodeExcluded(BaseModel):
 
 
 class EnvironmentMode(BaseModel):
-    configured: Mode
+    configured: Mode = Field(description="The config file's mode.")
     mode: Mode = Field(description="The mode in effect (changed at run time or not).")
     max_restarts: int
+    source: Literal["file", "operator"] = Field(
+        description="Where the mode in effect comes from: the config file, or an "
+                    "operator's recovery-ctl mode (until recovery-ctl mode --clear).")
+    set_by: str | None = Field(description="The operator who set it (null for the file, "
+                                           "or a change older than the audit records).")
+    set_uid: int | None
+    set_at: float | None = Field(description="When (epoch seconds).")
+    reason: str | None
 
 
 class Environments(BaseModel):
@@ -351,8 +407,11 @@ class Environments(BaseModel):
 
 class ModeChanged(BaseModel):
     env: str
-    mode: Mode
+    mode: Mode = Field(description="The mode in effect now.")
     before: Mode
+    source: Literal["file", "operator"]
+    cleared: bool | None = Field(None, description="For a clear: whether an operator's "
+                                                   "mode was there to clear.")
 
 
 class Claimed(BaseModel):
@@ -365,6 +424,141 @@ class Claimed(BaseModel):
 class Ended(BaseModel):
     id: int
     status: Literal["done", "failed", "cancelled"]
+
+
+# -- the goodput ledger (docs/goodput.md) -------------------------------------------------
+GOODPUT_BY = ("env", "user", "category", "node")
+GoodputBy = Literal[GOODPUT_BY]   # type: ignore[valid-type]
+# Unix seconds, or a duration back from now (config.loading's duration units)
+WINDOW_BOUND = r"^(?:\d{1,12}(?:\.\d{1,6})?|\d{1,9}(?:\.\d{1,3})?(?:ms|s|m|h|d))$"
+SINCE = ("Where the window starts: Unix seconds, or a duration back from now (30m, 2h, "
+         "30d). Default: 30 days back.")
+UNTIL = ("Where the window ends, in the same forms. Default: now. A window that ends "
+         "before it starts is empty.")
+Seconds = Union[float, None]
+
+
+class GoodputIncident(_Row):
+    """One failed attempt and what followed (seconds; GPU-seconds). A figure
+    the records cannot support is null, and ``unknown`` says why."""
+
+    job_id: str
+    attempt: int
+    env: str
+    user: str
+    category: str
+    nodes: list[str]
+    mode: str
+    action: str
+    outcome: Literal["recovered", "stopped", "given_up", "unknown"]
+    failure: Seconds
+    detected: Seconds
+    acted: Seconds
+    running_again: Seconds
+    gpus: int | None
+    work_lost_s: Seconds
+    steps_lost: int | None
+    downtime_s: Seconds
+    gpu_s_lost: Seconds
+    plain_downtime_s: Seconds
+    saved_s: Seconds
+    gpu_s_saved: Seconds
+    would_have: bool = Field(description="Monitor mode: saved_s is what acting would have "
+                                         "saved.")
+    unknown: dict[str, str] = Field(description="Each figure left null, and why.")
+
+
+class GoodputGroup(_Row):
+    incidents: int
+    recovered: int
+    stopped: int
+    given_up: int
+    unknown: int
+    mttr_median_s: Seconds
+    mttr_p95_s: Seconds
+    gpu_hours_lost: float
+    gpu_hours_saved: float
+    would_have_gpu_hours_saved: float
+    unknown_lost: int
+    unknown_saved: int
+    ettr: Seconds = Field(description="Productive / allocated GPU time of the group's jobs "
+                                      "inside the window; null when no job's is known.")
+    ettr_jobs: int
+    ettr_unknown_jobs: int
+
+
+class BlameCheckRow(_Row):
+    rec: int
+    node: str
+    time: float
+    action: str
+    mode: str
+    verdict: Literal["confirmed", "cleared", "no_evidence"]
+    evidence: list[dict[str, Any]]
+
+
+class BlameSummary(BaseModel):
+    """The precision of node blame: each node excluded or drained in the window
+    (monitor mode: would have been) against its later health reports and jobs."""
+
+    blames: int
+    nodes: int
+    confirmed: int
+    cleared: int
+    no_evidence: int
+    would_have: int
+    precision: Seconds = Field(description="confirmed / (confirmed + cleared); null when "
+                                           "neither.")
+    detail: list[BlameCheckRow]
+
+
+class StopCheckRow(_Row):
+    rec: int
+    job_id: str
+    time: float
+    mode: str
+    verdict: Literal["ran_fine", "failed_again", "pending", "not_resubmitted"]
+    resubmitted_as: str | None
+
+
+class StopSummary(BaseModel):
+    """False-stop evidence: stopped jobs their user resubmitted unchanged."""
+
+    stops: int
+    ran_fine: int
+    failed_again: int
+    pending: int
+    not_resubmitted: int
+    would_have: int
+    detail: list[StopCheckRow]
+
+
+class JobGoodput(BaseModel):
+    """One job's totals: what ``recovery-ctl show job`` prints."""
+
+    incidents: int
+    gpu_s_lost: Seconds
+    unknown_lost: int
+    steps_lost: int | None
+    unknown_steps: int
+    saved_s: Seconds
+    unknown_saved: int
+    would_have: bool
+    detail: list[GoodputIncident]
+
+
+class GoodputReport(BaseModel):
+    since: float
+    until: float
+    by: str
+    job: str | None = Field(None, description="With ?job=: the job's id.")
+    assumptions: dict[str, Any] = Field(description="What plain Slurm is assumed to do "
+                                                    "(the [ledger] config section).")
+    groups: dict[str, GoodputGroup]
+    incidents: list[GoodputIncident]
+    blame: BlameSummary | None = Field(None, description="Absent with ?job=.")
+    false_stops: StopSummary | None = Field(None, description="Absent with ?job=.")
+    summary: JobGoodput | None = Field(None, description="With ?job=: the totals.")
 
 
 # -- who may call, and what each status means --------------------------------------------

@@ -9,8 +9,9 @@ is the uid the kernel records as the owner of its end of the connection
 start when it listens beyond localhost without a token). Every mutating call
 carries a munge credential over the SHA-256 of its body, as the hooks do. The
 uid gives the role: admin (``api.admin_uids``, ``api.admin_groups``) or user,
-who reads and cancels only what is theirs. Each mutating call is written to
-the timeline with the caller's uid. The rules themselves live in
+who reads and cancels only what is theirs. Each mutating call is an audit
+record (``/v1/audit``) with the caller's uid and user, the state before and
+after and the reason, and a line on the timeline. The rules themselves live in
 :mod:`recovery_agent.interfaces.service`.
 """
 from __future__ import annotations
@@ -291,12 +292,33 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
         return await run_in_threadpool(service.exclude, who, name, _text(data, "reason"), force)
 
     @app.post("/v1/nodes/{name}/include", tags=["nodes"], response_model=None,
-              openapi_extra=S.signed(S.SignedBody, required=False),
+              openapi_extra=S.signed(S.ReasonBody, required=False),
               responses=S.answers(S.NodeExcluded, 400, 401, 403, 404, 413, 503))
     async def include(name: str, request: Request) -> dict:
         """Undo an operator exclusion (admin)."""
-        who, _ = await caller(request)
-        return service.include(who, name)
+        who, data = await caller(request)
+        return service.include(who, name, _text(data, "reason"))
+
+    # -- the goodput ledger ------------------------------------------------------
+    @app.get("/v1/goodput", tags=["goodput"], response_model=None,
+             openapi_extra=S.READ_EXTRA,
+             responses=S.answers(S.GoodputReport, 400, 401, 403, 404, 503))
+    def goodput(request: Request,
+                since: str | None = Query(None, pattern=S.WINDOW_BOUND, description=S.SINCE),
+                until: str | None = Query(None, pattern=S.WINDOW_BOUND, description=S.UNTIL),
+                by: S.GoodputBy | None = Query(None, description="One group per environment, "
+                                                                "user, failure category or "
+                                                                "node."),
+                job: str | None = Query(None, max_length=64,
+                                        description="One job's whole history instead "
+                                                    "(since, until and by do not apply).")
+                ) -> dict:
+        """The goodput ledger (docs/goodput.md): incidents by outcome, MTTR,
+        GPU time lost and saved against plain Slurm (and what monitor mode
+        would have saved), ETTR, the precision of node blame and the false-stop
+        evidence, with the assumptions. What ``recovery-ctl report goodput``
+        prints; a user's covers their own jobs."""
+        return service.goodput(since, until, by, readable(request), job)
 
     # -- environments ----------------------------------------------------------
     @app.get("/v1/environments", tags=["config"], response_model=None,
@@ -310,9 +332,34 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
               openapi_extra=S.signed(S.ModeBody),
               responses=S.answers(S.ModeChanged, 400, 401, 403, 404, 413, 503))
     async def set_mode(env: str, request: Request) -> dict:
-        """Switch an environment's mode at run time (admin)."""
+        """Switch an environment's mode at run time (admin): it wins over the
+        config file until cleared."""
         who, data = await caller(request)
-        return service.set_mode(who, env, _text(data, "mode"))
+        return service.set_mode(who, env, _text(data, "mode"), _text(data, "reason"))
+
+    @app.post("/v1/environments/{env}/mode/clear", tags=["config"], response_model=None,
+              openapi_extra=S.signed(S.ReasonBody, required=False),
+              responses=S.answers(S.ModeChanged, 400, 401, 403, 404, 413, 503))
+    async def clear_mode(env: str, request: Request) -> dict:
+        """Give the environment back the config file's mode (admin); one that
+        has it already is left as it is (``cleared``: false)."""
+        who, data = await caller(request)
+        return service.clear_mode(who, env, _text(data, "reason"))
+
+    # -- the audit trail ---------------------------------------------------------
+    @app.get("/v1/audit", tags=["audit"], response_model=None, openapi_extra=S.READ_EXTRA,
+             responses=S.answers(S.AuditList, 401, 404, 503))
+    def audit(request: Request,
+              since: float | None = Query(None, description="Epoch seconds: from then on."),
+              until: float | None = Query(None, description="Epoch seconds: up to then."),
+              job: str | None = Query(None, description="Only this job's recommendations "
+                                                        "and the changes made to them."),
+              limit: int = Query(10000, ge=1, le=100000)) -> dict:
+        """The audit trail in time order: recommendations with their steps, and
+        operator changes (who, when, before and after, why). A user gets those
+        of their own jobs; changes of modes and nodes are for admins."""
+        records = service.audit(since, until, job, who=readable(request))
+        return {"records": records[-limit:], "truncated": len(records) > limit}
 
     # -- recommendations: the Advisor API ---------------------------------------
     @app.get("/v1/recommendations", tags=["recommendations"], response_model=None,
@@ -340,13 +387,13 @@ def register(app: FastAPI, cfg: Config, store: Store, counters) -> None:
         return service.recommendation(rec_id, readable(request))
 
     @app.post("/v1/recommendations/{rec_id}/ack", tags=["recommendations"],
-              response_model=None, openapi_extra=S.signed(S.SignedBody, required=False),
+              response_model=None, openapi_extra=S.signed(S.ReasonBody, required=False),
               responses=S.answers(S.Claimed, 400, 401, 403, 404, 409, 413, 503))
     async def ack(request: Request, rec_id: int = Path(ge=1, le=MAX_ID)) -> dict:
         """Claim an external recommendation (admin: a site controller); the claim
         lasts api.claim_ttl."""
-        who, _ = await caller(request)
-        return service.ack(who, rec_id)
+        who, data = await caller(request)
+        return service.ack(who, rec_id, _text(data, "reason"))
 
     @app.post("/v1/recommendations/{rec_id}/complete", tags=["recommendations"],
               response_model=None, openapi_extra=S.signed(S.CompleteBody),

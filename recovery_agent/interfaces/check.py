@@ -1,10 +1,12 @@
 """``recovery-ctl check``: is this installation ready? One pass/fail line each.
 
-Checks, in order: the config loads; the store can be opened; a Slurm backend
-can run; slurm.conf runs our Prolog, Epilog and HealthCheckProgram; the SPANK
-plugin is in plugstack; munge signs and verifies; the agent answers; the
-site's pattern packs load; the state and log paths are usable. Slurm's own
-settings come from ``scontrol show config`` through the one argv seam.
+Checks, in order: the config loads (with a NOTE for each environment key
+set to what it inherits from ``[environments.default]`` anyway); the store
+can be opened; a Slurm backend can run; slurm.conf runs our Prolog, Epilog
+and HealthCheckProgram; the SPANK plugin is in plugstack; munge signs and
+verifies; the agent answers; the site's pattern packs load; the state and
+log paths are usable. Slurm's own settings come from ``scontrol show
+config`` through the one argv seam.
 
 ``check --sources`` (:func:`check_sources_of`) instead probes the external
 sources (Prometheus/VictoriaMetrics, Loki, VictoriaLogs) against the cluster's
@@ -14,11 +16,13 @@ from __future__ import annotations
 
 import os
 import re
+import tomllib
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Config
+from ..config.loading import inherited_anyway
 from ..detect.patterns import load_rules
 from ..errors import RecoveryError
 from ..scheduler import RestSettings, probe_all, select_scheduler
@@ -37,10 +41,30 @@ class Result:
     ok: bool
     detail: str
     optional: bool = False
+    note: bool = False     # worth knowing, not a check: never a failure, not counted
 
     @property
     def word(self) -> str:
+        if self.note:
+            return "NOTE"
         return "PASS" if self.ok else ("WARN" if self.optional else "FAIL")
+
+
+def config_notes(cfg: Config) -> list[Result]:
+    """Keys of ``[environments.NAME]`` set to what they would inherit from
+    ``[environments.default]`` anyway: harmless, but they stop following a
+    later change of ``default``. One NOTE each."""
+    if not cfg.source:
+        return []
+    try:
+        with open(cfg.source, "rb") as fh:
+            raw = tomllib.load(fh).get("environments", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return []    # it loaded a moment ago; a file changed since is the next run's
+    return [Result(f"config environments.{env}.{key}", True,
+                   f"set to {value!r}, the value it inherits from [environments.default] "
+                   "anyway; drop it to follow default", note=True)
+            for env, key, value in inherited_anyway(raw)]
 
 
 def _runner(cfg: Config) -> SlurmRunner:
@@ -92,7 +116,8 @@ def _plugstack_has_plugin(path: str, depth: int = 0) -> bool:
 
 
 def run_checks(cfg: Config) -> list[Result]:
-    results = [Result("config", True, cfg.source or "built-in defaults (no file)")]
+    results = [Result("config", True, cfg.source or "built-in defaults (no file)"),
+               *config_notes(cfg)]
     # the store
     try:
         with Store(cfg.store_path) as store:

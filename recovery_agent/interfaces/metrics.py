@@ -14,6 +14,7 @@ the watch loop keeps up to date. ``docs/monitoring.md`` lists every series
 """
 from __future__ import annotations
 
+import math
 import time
 from importlib import metadata
 
@@ -25,7 +26,10 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 from ..config import MODES, Config
 from ..decide.decider import environment_mode
 from ..scheduler.base import FINISHED_STATES
+from ..detect.ledger import OUTCOMES
+from ..detect.model import CATEGORIES
 from ..store import Store
+from . import ledger
 
 NAMESPACE = "slurm_recovery"
 LATENCY_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0)
@@ -93,6 +97,8 @@ class StoreCollector:
         yield from self._loop_health()
         yield from _source_families(self.store.health.get("sources") or {})
         yield from self._ingest()
+        if self.cfg is not None:
+            yield from _ledger_families(ledger_figures(self.store, self.cfg, self.clock()))
 
     def _identity(self):
         family = GaugeMetricFamily(_name("build_info"), "Always 1; the agent's version in "
@@ -208,6 +214,71 @@ class StoreCollector:
             for outcome, count in sorted(self.counters.values.items()):
                 family.add_metric([outcome], count)
         yield family
+
+
+# the ledger is computed from every job in the store: at most once this often
+# per store, however often Prometheus scrapes
+LEDGER_EVERY = 60.0
+_ledger_cache: dict[str, tuple[float, dict]] = {}
+
+
+def ledger_figures(store: Store, cfg: Config, now: float) -> dict:
+    """What the ledger's series show: over the whole store, GPU-seconds lost
+    by category, incidents by outcome and GPU-seconds saved by mode; ETTR per
+    environment over ``ledger.metrics_window``. Kept for LEDGER_EVERY."""
+    key = str(store.path)
+    cached = _ledger_cache.get(key)
+    if cached is not None and 0 <= now - cached[0] < LEDGER_EVERY:
+        return cached[1]
+    whole = ledger.report(store, cfg, 0.0, now, "category", now=now, checks=False)
+    # every category is served from 0, so that increase() sees the first loss
+    lost = {cat: 0.0 for cat in (*CATEGORIES, "unknown")}
+    lost.update({cat: g["gpu_hours_lost"] * 3600 for cat, g in whole["groups"].items()})
+    outcomes = {o: sum(g[o] for g in whole["groups"].values()) for o in OUTCOMES}
+    saved = {"action": sum(g["gpu_hours_saved"] for g in whole["groups"].values()) * 3600,
+             "monitor": sum(g["would_have_gpu_hours_saved"]
+                            for g in whole["groups"].values()) * 3600}
+    recent = ledger.report(store, cfg, now - cfg.ledger.metrics_window, now, "env",
+                           now=now, checks=False)
+    # every environment has a sample; NaN while its ETTR is unknown (no job of it
+    # in the window, or none whose every figure is known)
+    ettr = {env: math.nan for env in cfg.environments}
+    ettr.update({env: math.nan if g["ettr"] is None else g["ettr"]
+                 for env, g in recent["groups"].items()})
+    figures = {"lost": lost, "outcomes": outcomes, "saved": saved, "ettr": ettr}
+    _ledger_cache[key] = (now, figures)
+    return figures
+
+
+def _ledger_families(figures: dict):
+    lost = CounterMetricFamily(_name("gpu_seconds_lost"),
+                               "GPU-seconds lost to incidents (work lost since the last "
+                               "checkpoint plus downtime), by failure category; incidents "
+                               "whose loss is unknown are not in it (docs/goodput.md)",
+                               labels=["category"])
+    for category, seconds in sorted(figures["lost"].items()):
+        lost.add_metric([category], seconds)
+    yield lost
+    outcomes = CounterMetricFamily(_name("incidents"),
+                                   "Incidents (failed attempts) by outcome: recovered, "
+                                   "stopped, given_up, unknown (an unknown one moves to "
+                                   "another outcome once it settles)", labels=["outcome"])
+    for outcome in OUTCOMES:
+        outcomes.add_metric([outcome], figures["outcomes"].get(outcome, 0))
+    yield outcomes
+    saved = CounterMetricFamily(_name("gpu_seconds_saved"),
+                                "GPU-seconds saved against plain Slurm: mode action, what "
+                                "recovery saved; mode monitor, what acting would have "
+                                "saved", labels=["mode"])
+    for mode in ("action", "monitor"):
+        saved.add_metric([mode], figures["saved"][mode])
+    yield saved
+    ettr = GaugeMetricFamily(_name("ettr"), "Effective training time ratio (productive / "
+                             "allocated GPU time) of each environment's jobs over "
+                             "ledger.metrics_window; NaN while unknown", labels=["env"])
+    for env, value in sorted(figures["ettr"].items()):
+        ettr.add_metric([env], value)
+    yield ettr
 
 
 def _source_families(sources: dict):

@@ -11,10 +11,16 @@ as one) reads and does everything. A user reads their own jobs, their tasks of
 an array, the recommendations about their jobs, and the nodes (as sinfo shows
 them, without other users' jobs in the strikes); the only change a user makes
 is to cancel a job recommendation of their own job before it acts.
+
+Every change taken is an audit record (``operator_actions``: who, when, the
+state before and after, why) written with the change; :meth:`Service.audit`
+lists them with the recommendations. A refused change records nothing; a
+refusal for the caller's role is logged with their uid.
 """
 from __future__ import annotations
 
 import grp
+import heapq
 import json
 import logging
 import pwd
@@ -114,6 +120,17 @@ def may_read(who: Caller | None, user: str | None, what: str) -> None:
                         "only their own jobs")
 
 
+def operator_record(row: dict) -> dict:
+    """An operator change as the audit trail shows it (``created``: its time,
+    as a recommendation's)."""
+    return {"kind": "operator", "id": row["id"], "created": row["ts"],
+            "action": row["action"], "actor": row["actor"], "actor_uid": row["actor_uid"],
+            "role": row["role"], "via": row["via"], "target": row["target"],
+            "env": row["env"], "node": row["node"], "rec": row["rec"],
+            "job_id": row["job_id"], "user": row["job_user"], "before": row["before"],
+            "after": row["after"], "reason": row["reason"], "data": row["data"] or {}}
+
+
 def decoded(row: dict) -> dict:
     out = dict(row)
     for key in _JSON_KEYS:
@@ -128,8 +145,10 @@ def decoded(row: dict) -> dict:
 
 class Service:
     def __init__(self, cfg: Config, store: Store, clock=time.time,
-                 scheduler: Scheduler | None = None) -> None:
+                 scheduler: Scheduler | None = None, via: str = "api") -> None:
         self.cfg, self.store, self.clock = cfg, store, clock
+        # how changes reach the store: "api" (the agent's), "store" (recovery-ctl --db)
+        self.via = via
         self.scheduler = scheduler          # made from the config when first needed
         self._slurm_nodes: tuple[float, set[str]] | None = None
 
@@ -221,9 +240,38 @@ class Service:
         may_read(who, row["user"], f"job {job_id}")
         return ledger.job_summary(self.store, self.cfg, row)
 
-    def goodput(self, since: float, until: float, by: str | None = None) -> dict:
-        """The goodput ledger of the cluster over a window (:mod:`.ledger`)."""
-        return ledger.report(self.store, self.cfg, since, until, by)
+    def goodput(self, since: float | str | None = None, until: float | str | None = None,
+                by: str | None = None, who: Caller | None = None,
+                job: str | None = None) -> dict:
+        """The goodput ledger of the cluster over a window (:mod:`.ledger`);
+        ``since`` and ``until`` as :func:`.ledger.window_time` reads them
+        (default: the last 30 days). A user's covers their own jobs; ``job``
+        gives one job's whole history instead."""
+        now = self.clock()
+        if by is not None and by not in ledger.BY:
+            raise BadRequest(f"by={by!r}: one of {', '.join(ledger.BY)}")
+        if job is not None:
+            row = self.job_row(job)
+            may_read(who, row["user"], f"job {job}")
+            return ledger.job_report(self.store, self.cfg, row, now=now)
+        try:
+            start = ledger.window_time(since, now, "since")
+            end = ledger.window_time(until, now, "until")
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        start = now - 30 * 86400 if start is None else start
+        end = now if end is None else end
+        end = max(end, start)    # a window that ends before it starts is empty
+        return ledger.report(self.store, self.cfg, start, end, by,
+                             user=None if sees_all(who) else who.name, now=now)
+
+    def goodput_overview(self, since: float, until: float | None = None,
+                         who: Caller | None = None) -> dict:
+        """What the Console's goodput page shows (:func:`.ledger.overview`): a
+        user's covers their own jobs."""
+        now = self.clock()
+        return ledger.overview(self.store, self.cfg, since, now if until is None else until,
+                               user=None if sees_all(who) else who.name, now=now)
 
     def timeline(self, job_id: str, who: Caller | None = None) -> list[dict]:
         """The job's events with each recommendation step merged in, in time order."""
@@ -344,10 +392,26 @@ class Service:
         return rec.reason_category or (rec.attribution or {}).get("category") or ""
 
     def environments(self) -> dict[str, dict]:
+        """Each environment's mode now, the config file's, and where the one in
+        effect comes from: ``source`` "file", or "operator" with who set it
+        (``set_by``, ``set_uid``), when (``set_at``) and why (``reason``), from
+        the audit record of that change."""
         overrides = mode_overrides(self.store)
         return {name: {"configured": env.mode, "mode": overrides.get(name, env.mode),
-                       "max_restarts": env.max_restarts}
+                       "max_restarts": env.max_restarts,
+                       **self.mode_source(name, overrides)}
                 for name, env in self.cfg.environments.items()}
+
+    def mode_source(self, env: str, overrides: dict[str, str]) -> dict:
+        if env not in overrides:
+            return {"source": "file", "set_by": None, "set_uid": None, "set_at": None,
+                    "reason": None}
+        last = self.store.last_operator_action(("mode", "mode_clear"), env)
+        if last is None or last["action"] != "mode":   # set before changes were recorded
+            return {"source": "operator", "set_by": None, "set_uid": None, "set_at": None,
+                    "reason": None}
+        return {"source": "operator", "set_by": last["actor"], "set_uid": last["actor_uid"],
+                "set_at": last["ts"], "reason": last["reason"]}
 
     def recs(self, status: str | None = None, env: str | None = None,
              mode: str | None = None, job: str | None = None,
@@ -386,30 +450,81 @@ class Service:
         return {**rec.to_dict(), "steps": self.store.steps(rec_id)}
 
     def audit(self, since: float | None = None, until: float | None = None,
-              job: str | None = None) -> list[dict]:
-        """Every recommendation in the window (by creation time), with its steps."""
+              job: str | None = None, who: Caller | None = None) -> list[dict]:
+        """The audit trail in the window, in time order: every recommendation
+        (by creation time) with its steps (``kind`` "recommendation"), and
+        every operator change (``kind`` "operator": who, when, before and
+        after, why). ``job``: only that job's recommendations and the changes
+        made to them. A user (``who``) gets those of their own jobs; changes
+        that belong to no job (modes, exclusions) are for admins."""
         job_pk = self.job_row(job)["id"] if job else None
-        out = []
+        recs = []
         for rec in self.store.recommendations(job_pk=job_pk):
             if since is not None and rec.created < since:
                 continue
             if until is not None and rec.created > until:
                 continue
-            out.append({**rec.to_dict(), "steps": self.store.steps(rec.id)})
-        return out
+            if not sees_all(who) and (rec.user or "") != who.name:
+                continue
+            recs.append({"kind": "recommendation", **rec.to_dict(),
+                         "steps": self.store.steps(rec.id)})
+        changes = self.changes(since, until, job_pk, who)
+        return list(heapq.merge(recs, changes, key=lambda r: r["created"]))
+
+    def changes(self, since: float | None = None, until: float | None = None,
+                job_pk: int | None = None, who: Caller | None = None,
+                limit: int | None = None) -> list[dict]:
+        """Operator changes in time order (the newest ``limit``), as
+        :meth:`audit` shows them and to whom."""
+        rows = self.store.operator_actions(since, until, job_pk,
+                                           limit=limit if sees_all(who) else None)
+        if not sees_all(who):
+            rows = [r for r in rows if r["job"] is not None
+                    and (r["job_user"] or "") == who.name]
+            rows = rows[-limit:] if limit else rows
+        return [operator_record(row) for row in rows]
 
     # -- writes ----------------------------------------------------------------
-    def _audit(self, job_pk: int | None, who: Caller, verb: str, message: str,
-               **data: Any) -> None:
-        with self.store.transaction():
-            self.store.add_event(job_pk, f"api_{verb}", f"{message} (by {who.name}, "
-                                 f"uid {who.uid})", source="api",
-                                 data={"uid": who.uid, "user": who.name, **data})
-        log.info("%s by uid %s: %s", verb, who.uid, message)
+    # Each change and its audit record are one transaction: the operator_actions
+    # row (who, when, the state before and after, the reason) and, as before,
+    # an ``api_<verb>`` line on the timeline (the job's, for a recommendation).
+    # A refused call changes nothing and records nothing there: the agent's
+    # log says who was refused what (see _refuse).
+    def _record(self, who: Caller, action: str, message: str, *, target: str,
+                before: str | None, after: str | None, reason: str = "",
+                rec: Recommendation | None = None, env: str | None = None,
+                node: str | None = None, **data: Any) -> None:
+        """Write one operator change's record; call it inside the change's
+        transaction."""
+        job_pk = rec.job if rec is not None else None
+        self.store.add_operator_action({
+            "ts": self.clock(), "action": action, "actor": who.name, "actor_uid": who.uid,
+            "role": "admin" if who.admin else "user", "via": self.via, "target": target,
+            "env": env, "node": node, "rec": rec.id if rec is not None else None,
+            "job": job_pk, "job_id": rec.job_id if rec is not None else None,
+            "job_user": rec.user if rec is not None else None, "before": before,
+            "after": after, "reason": reason or None}, data=data or None)
+        verb = "mode" if action == "mode_clear" else action
+        self.store.add_event(job_pk, f"api_{verb}", f"{message} (by {who.name}, uid {who.uid})",
+                             source="api", data={"uid": who.uid, "user": who.name,
+                                                 **({"env": env} if env else {}),
+                                                 **({"node": node} if node else {}),
+                                                 **({"rec": rec.id} if rec else {}),
+                                                 **({"reason": reason} if reason else {}),
+                                                 "before": before, "after": after, **data})
+        log.info("%s by %s (uid %s, via %s): %s", action, who.name, who.uid, self.via,
+                 message)
+
+    def _refuse(self, who: Caller, verb: str, why: str) -> Forbidden:
+        """The refusal of ``who``'s ``verb``, said in the agent's log (the
+        audit trail records changes, not attempts)."""
+        log.warning("refused %s by %s (uid %s, via %s): %s", verb, who.name, who.uid,
+                    self.via, why)
+        return Forbidden(why)
 
     def _admin(self, who: Caller, what: str) -> None:
         if not who.admin:
-            raise Forbidden(f"only admins {what} ({who} is not one)")
+            raise self._refuse(who, what, f"only admins {what} ({who} is not one)")
 
     def _may_act(self, who: Caller, rec: Recommendation, verb: str) -> None:
         """Who may ack, complete or cancel a recommendation: admins (site
@@ -420,31 +535,59 @@ class Service:
         if who.admin:
             return
         if (rec.user or "") != who.name:
-            raise Forbidden(f"recommendation {rec.id} is for a job of "
-                            f"{rec.user or 'another user'}; {who.name} may act only "
-                            "on their own jobs")
+            raise self._refuse(who, verb, f"recommendation {rec.id} is for a job of "
+                               f"{rec.user or 'another user'}; {who.name} may act only "
+                               "on their own jobs")
         if (rec.scope or "job") != "job":
-            raise Forbidden(f"recommendation {rec.id} is a {rec.action} of "
-                            f"{', '.join(rec.target_nodes or []) or 'a node'}: "
-                            f"node-level recommendations are for admins ({who} is not one)")
+            raise self._refuse(who, verb, f"recommendation {rec.id} is a {rec.action} of "
+                               f"{', '.join(rec.target_nodes or []) or 'a node'}: "
+                               "node-level recommendations are for admins "
+                               f"({who} is not one)")
         if verb != "cancel":
-            raise Forbidden(f"only admins {verb} recommendations (a site controller claims "
-                            f"one, acts on Slurm, then completes it; {who} is not an admin); "
-                            "as the job's owner you may cancel it")
+            raise self._refuse(who, verb, f"only admins {verb} recommendations (a site "
+                               "controller claims one, acts on Slurm, then completes it; "
+                               f"{who} is not an admin); as the job's owner you may "
+                               "cancel it")
 
-    def set_mode(self, who: Caller, env: str, mode: str) -> dict:
-        self._admin(who, "change modes")
+    def _environment(self, env: str) -> None:
         if env not in self.cfg.environments:
             raise NotFound(f"no environment {env!r} in the config")
+
+    def set_mode(self, who: Caller, env: str, mode: str, reason: str = "") -> dict:
+        """Set an environment's mode at run time; it wins over the config file
+        until :meth:`clear_mode`."""
+        self._admin(who, "change modes")
+        self._environment(env)
         if mode not in MODES:
             raise BadRequest(f"mode must be one of {', '.join(MODES)}")
-        overrides = mode_overrides(self.store)
-        before = overrides.get(env, self.cfg.environments[env].mode)
-        overrides[env] = mode
-        self.store.set_state(MODE_OVERRIDES, overrides)
-        self._audit(None, who, "mode", f"environment {env}: {before} -> {mode}", env=env,
-                    before=before, after=mode)
-        return {"env": env, "mode": mode, "before": before}
+        reason = reason[:500]
+        with self.store.transaction():
+            overrides = mode_overrides(self.store)
+            before = overrides.get(env, self.cfg.environments[env].mode)
+            overrides[env] = mode
+            self.store.set_state(MODE_OVERRIDES, overrides)
+            self._record(who, "mode", f"environment {env}: {before} -> {mode}", target=env,
+                         env=env, before=before, after=mode, reason=reason)
+        return {"env": env, "mode": mode, "before": before, "source": "operator"}
+
+    def clear_mode(self, who: Caller, env: str, reason: str = "") -> dict:
+        """Give an environment back its config file's mode. One the file
+        rules already is left as it is, and nothing is recorded."""
+        self._admin(who, "change modes")
+        self._environment(env)
+        configured = self.cfg.environments[env].mode
+        with self.store.transaction():
+            overrides = mode_overrides(self.store)
+            if env not in overrides:
+                return {"env": env, "mode": configured, "before": configured,
+                        "source": "file", "cleared": False}
+            before = overrides.pop(env)
+            self.store.set_state(MODE_OVERRIDES, overrides)
+            self._record(who, "mode_clear", f"environment {env}: {before} -> {configured} "
+                         "(the config file's)", target=env, env=env, before=before,
+                         after=configured, reason=reason[:500])
+        return {"env": env, "mode": configured, "before": before, "source": "file",
+                "cleared": True}
 
     def slurm_node_names(self) -> set[str]:
         """The nodes Slurm knows (sinfo), asked at most every 5 s. Raises
@@ -485,20 +628,29 @@ class Service:
         if not re.search(VISIBLE, reason):
             raise BadRequest("a reason is required")
         forced = self._unchecked(name, force)
+        reason = reason[:500]
         with self.store.transaction():
+            before = self._exclusion(name)
             self.store.set_node(name, excluded_by_operator=1)
-        self._audit(None, who, "exclude", f"node {name} excluded from retries: {reason}"
-                    + (f" (forced: {forced})" if forced else ""),
-                    node=name, reason=reason, **({"forced": forced} if forced else {}))
+            self._record(who, "exclude", f"node {name} excluded from retries: {reason}"
+                         + (f" (forced: {forced})" if forced else ""), target=name, node=name,
+                         before=before, after="excluded", reason=reason,
+                         **({"forced": forced} if forced else {}))
         return {"node": name, "excluded": True, **({"forced": forced} if forced else {})}
 
-    def include(self, who: Caller, name: str) -> dict:
+    def _exclusion(self, name: str) -> str:
+        row = self.store.node(name)
+        return "excluded" if row and row.get("excluded_by_operator") else "included"
+
+    def include(self, who: Caller, name: str, reason: str = "") -> dict:
         self._admin(who, "include nodes")
         if self.store.node(name) is None:
             raise NotFound(f"node {name} is not known")
         with self.store.transaction():
+            before = self._exclusion(name)
             self.store.set_node(name, excluded_by_operator=0)
-        self._audit(None, who, "include", f"node {name} no longer excluded", node=name)
+            self._record(who, "include", f"node {name} no longer excluded", target=name,
+                         node=name, before=before, after="included", reason=reason[:500])
         return {"node": name, "excluded": False}
 
     def expire_claims(self) -> int:
@@ -519,7 +671,7 @@ class Service:
             return f"the job has restarted since (restart {row['restart_count']})"
         return ""
 
-    def ack(self, who: Caller, rec_id: int) -> dict:
+    def ack(self, who: Caller, rec_id: int, reason: str = "") -> dict:
         self.expire_claims()
         rec = self._rec(rec_id)
         self._may_act(who, rec, "ack")
@@ -540,8 +692,10 @@ class Service:
         with self.store.transaction():
             self.store.save_rec(rec.executing(claim, now + ttl), "status", "claimed_by",
                                 "claim_expires")
+            self._record(who, "ack", f"recommendation #{rec_id} claimed", target=f"#{rec_id}",
+                         rec=rec, before=Status(rec.status).value, after=Status.EXECUTING.value,
+                         reason=reason[:500], claimed_by=claim, claim_expires=now + ttl)
         self.store.add_step(rec_id, "claimed", "ok", f"{who.name} until +{ttl:g}s")
-        self._audit(rec.job, who, "ack", f"recommendation #{rec_id} claimed", rec=rec_id)
         return {"id": rec_id, "status": "executing", "claimed_by": claim,
                 "claim_expires": now + ttl}
 
@@ -558,10 +712,11 @@ class Service:
             ended = rec.finished(Status(outcome), done_at=self.clock(),
                                  error=detail if outcome == "failed" else None)
             self.store.save_rec(ended, "status", "done_at", "error")
+            self._record(who, "complete", f"recommendation #{rec_id} {outcome}",
+                         target=f"#{rec_id}", rec=rec, before=Status(rec.status).value,
+                         after=outcome, reason=detail, outcome=outcome)
         self.store.add_step(rec_id, "completed", "ok" if outcome == "done" else "failed",
                             detail)
-        self._audit(rec.job, who, "complete", f"recommendation #{rec_id} {outcome}",
-                    rec=rec_id, outcome=outcome)
         return {"id": rec_id, "status": outcome}
 
     def cancel(self, who: Caller, rec_id: int, reason: str = "") -> dict:
@@ -572,9 +727,11 @@ class Service:
         if not rec.status.is_open or started:
             raise Conflict(f"recommendation {rec_id} is {rec.status}"
                            + (" and already acting on Slurm" if started else ""))
+        reason = reason[:500]
         with self.store.transaction():
-            why = f"cancelled by {who.name}" + (f": {reason[:500]}" if reason else "")
+            why = f"cancelled by {who.name}" + (f": {reason}" if reason else "")
             self.store.save_rec(rec.finished(Status.CANCELLED, error=why), "status", "error")
-        self._audit(rec.job, who, "cancel", f"recommendation #{rec_id} cancelled",
-                    rec=rec_id)
+            self._record(who, "cancel", f"recommendation #{rec_id} cancelled",
+                         target=f"#{rec_id}", rec=rec, before=Status(rec.status).value,
+                         after=Status.CANCELLED.value, reason=reason)
         return {"id": rec_id, "status": "cancelled"}

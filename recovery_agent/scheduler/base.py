@@ -58,6 +58,7 @@ class Job:
     partition: str = ""
     cluster: str = ""
     workdir: str = ""
+    command: str = ""            # the batch script's path as Slurm lists it ("" unknown)
     requeue_allowed: bool = True
     held: bool = False
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import hostlist
 
-from .base import Job, Node
+from .base import UNAVAILABLE_NODE_FLAGS, Job, Node
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +202,7 @@ def job_from_json(raw: Mapping[str, Any], version: tuple[int, int, int]) -> Job:
         group_id=number(raw.get("group_id")), comment=raw.get("comment") or "",
         partition=raw.get("partition") or "", cluster=raw.get("cluster") or "",
         workdir=raw.get("current_working_directory") or "",
+        command=raw.get("command") if isinstance(raw.get("command"), str) else "",
         requeue_allowed=bool(raw.get("requeue", True)), held=held,
     )
     return _with_output_paths(job, raw, version)
@@ -233,7 +234,7 @@ _JOB_FIELDS = ("job_id", "array_job_id", "array_task_id", "array_task_string", "
                "exit_code", "state_reason", "hold", "name", "nodes", "batch_host",
                "excluded_nodes", "restart_cnt", "submit_time", "start_time", "end_time",
                "user_name", "user_id", "group_id", "comment", "partition", "cluster",
-               "current_working_directory",
+               "current_working_directory", "command",
                "requeue", "standard_output", "standard_error", "stdout_expanded",
                "stderr_expanded")
 
@@ -404,13 +405,29 @@ def parse_squeue_text(text: str | bytes, cache: dict | None = None,
     return _renewed(cache, fresh, jobs)
 
 
+# the states in which a node's reason says why it is out of service
+_REASON_STATES = frozenset({"DOWN", "FAIL", "ERROR", "UNKNOWN", "FUTURE"})
+_REASON_FLAGS = UNAVAILABLE_NODE_FLAGS | {"MAINT", "REBOOT_ISSUED", "POWER_DOWN",
+                                         "POWERING_DOWN"}
+
+
+def _reason_holds(state: str, flags: frozenset[str]) -> bool:
+    """Does the node's reason still describe it? 24.11's slurmctld keeps the
+    reason of a drain after ``state=RESUME`` (``scontrol show node`` still
+    prints it on an IDLE node; seen live): on a node back in service it is a
+    leftover, and reads as none, as 22.05 reported it."""
+    return state in _REASON_STATES or bool(flags & _REASON_FLAGS)
+
+
 def node_from_json(raw: Mapping[str, Any]) -> Node:
     """One entry of a per-node list (22.05 ``sinfo --json``, ``scontrol --json show node``)."""
     state, flags = split_state(raw.get("state"), NODE_BASE_STATES)
     flags = flags | frozenset(str(f).upper() for f in raw.get("state_flags") or [])
+    held = _reason_holds(state, flags)
     return Node(name=raw.get("name") or "", state=state, flags=flags,
-                reason=raw.get("reason") or "", reason_user=raw.get("reason_set_by_user") or "",
-                reason_time=timestamp(raw.get("reason_changed_at")),
+                reason=(raw.get("reason") or "") if held else "",
+                reason_user=(raw.get("reason_set_by_user") or "") if held else "",
+                reason_time=timestamp(raw.get("reason_changed_at")) if held else None,
                 partitions=tuple(raw.get("partitions") or ()), gres=raw.get("gres") or "",
                 address=raw.get("address") or "", hostname=raw.get("hostname") or "")
 

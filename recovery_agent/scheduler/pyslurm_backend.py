@@ -120,7 +120,7 @@ def job_from_pyslurm(obj: Any) -> Job:
         stdout="" if spec else _text(obj, "standard_output"),
         stderr="" if spec else _text(obj, "standard_error"),
         partition=_text(obj, "partition"), cluster=_text(obj, "cluster"),
-        workdir=_text(obj, "working_directory"),
+        workdir=_text(obj, "working_directory"), command=_text(obj, "command"),
         requeue_allowed=True if requeueable is None else bool(requeueable), held=held)
 
 

@@ -233,9 +233,24 @@ class RestScheduler:
         except SchedulerError as exc:
             raise _typed(exc, missing, not_found) from None
 
+    def _own_id(self, job_id: str) -> str:
+        """The id a job update goes to. An array task that runs or ran has a
+        job id of its own; 23.11+'s slurmrestd refuses an update addressed as
+        ``ARRAY_TASK`` ("Submit job update against Array Job's JobID instead of
+        array task id", seen live on 24.11, in 26.05's source too), so it gets
+        that id. 22.05 takes
+        the ``ARRAY_TASK`` form, and the pending rest of an array has no id of
+        its own: both stay as they are."""
+        if self.api().legacy or "_" not in job_id or "_[" in job_id:
+            return job_id
+        # by number, slurmctld updates that one record, even where the number is
+        # also the array's (the task that holds the array's own id)
+        job = self.lookup_job(job_id)
+        return str(job.numeric_id) if job.numeric_id else job_id
+
     def _update_job(self, job_id: str, body: Mapping[str, Any]) -> None:
         api = self.api()
-        path = job_path(api.version, job_id)
+        path = job_path(api.version, self._own_id(job_id))
         if not api.offers("job/{job_id}", "post"):
             self._lacking("job update", "POST", path)
         self._change("POST", path, _JOB_MISSING, JobNotFound, body=body,
@@ -268,7 +283,9 @@ class RestScheduler:
             # 22.05 refuses "excluded_nodes" (disabled key) and takes sbatch's -x name
             self._update_job(job_id, {"exclude_nodes": value})
         else:
-            self._update_job(job_id, {"excluded_nodes": ",".join(nodes)})
+            # a list (24.11 warns that a string is not what it expects); none is
+            # "": 24.11 reads an empty list as no change, and "" as no nodes
+            self._update_job(job_id, {"excluded_nodes": list(nodes) if nodes else ""})
 
     def allow_requeue(self, job_id: str) -> None:
         self._update_job(job_id, {"requeue": True})

@@ -283,7 +283,9 @@ class RestClient:
                  version: str, benign=None) -> dict:
         where = f"slurmrestd {' '.join(call)}: HTTP {status}"
         text = raw.decode("utf-8", errors="replace")
-        if status in (401, 403):
+        # 511: 24.11's slurmrestd when slurmctld refuses the token (error 1007,
+        # "Protocol authentication error"); 22.05 said 500, later ones 401
+        if status in (401, 403, 511):
             raise SchedulerError(f"{where} (not authenticated as {self.user!r}: check the "
                                  f"token and AuthAltTypes=auth/jwt)", argv=call,
                                  returncode=status, stderr=text[:300])

@@ -6,8 +6,9 @@ transactions here; its queries are grouped by what they serve and mixed into
 it: :mod:`.jobs` (jobs and attempts), :mod:`.timeline` (events, detections),
 :mod:`.recs` (recommendations, their steps), :mod:`.nodes` (strikes, nodes,
 the hooks' reports), :mod:`.state` (the agent's own state, its claim, log
-cursors), :mod:`.counts` (the metrics) and :mod:`.ledger` (the goodput
-ledger's inputs); the verdict's node-evidence
+cursors), :mod:`.counts` (the metrics), :mod:`.ledger` (the goodput
+ledger's inputs) and :mod:`.operator` (operators' changes, the node states the
+watch loop saw); the verdict's node-evidence
 queries are :mod:`.reports`, the lock file :mod:`.lock`. A recommendation
 comes out as a :class:`~.records.Recommendation` (its JSON columns decoded in
 :mod:`.recs`, nowhere else). A job is keyed by (cluster, job id, submit time),
@@ -31,6 +32,7 @@ from .ledger import LedgerQueries
 from .lock import StoreLock
 from .migrations import MIGRATIONS, applied, migrate
 from .nodes import NodeQueries
+from .operator import OperatorQueries
 from .records import FINAL_STATUSES, OPEN_STATUSES, IllegalMove, Recommendation, Status
 from .recs import RecQueries
 from .state import StateQueries
@@ -50,7 +52,7 @@ STORE_ERRORS = (StoreError, sqlite3.Error)  # whatever a store write may raise
 
 
 class Store(JobQueries, TimelineQueries, RecQueries, NodeQueries, StateQueries,
-            CountQueries, LedgerQueries):
+            CountQueries, LedgerQueries, OperatorQueries):
     """Open (creating and migrating as needed) the store at ``path``.
 
     A new store file is made 0600 (see :mod:`.files`); an empty or damaged

@@ -40,6 +40,8 @@ class JobQueries:
                   "array_task_id": job.array_task_id, "name": job.name, "user": job.user,
                   "env": env, "mode": mode, "spec": spec, "state": job.state,
                   "restart_count": job.restart_count, "last_seen": now}
+        if job.command:    # a hook's report names no script: keep the listing's
+            values["command"] = job.command
         try:
             with self.db.atomic():
                 row = self.match_job(cluster, job)
@@ -156,6 +158,13 @@ class JobQueries:
         with self.db.atomic():
             self.db.execute("update attempts set ckpt_path = ?, ckpt_step = ?, ckpt_time = ? "
                             "where job = ? and attempt = ?", [path, step, when, job_pk, attempt])
+
+    def set_attempt_step(self, job_pk: int, attempt: int, step: int, when: float) -> None:
+        """Note the last training step an attempt's log reported (the attempt
+        row must exist)."""
+        with self.db.atomic():
+            self.db.execute("update attempts set last_step = ?, last_step_time = ? "
+                            "where job = ? and attempt = ?", [step, when, job_pk, attempt])
 
     def attempts(self, job_pk: int) -> list[dict]:
         rows = list(self.db["attempts"].rows_where("job = ?", [job_pk], order_by="attempt"))

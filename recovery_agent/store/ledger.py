@@ -72,3 +72,69 @@ class LedgerQueries:
             "select s.rec, min(s.ts) from rec_steps s join recommendations r on r.id = s.rec "
             "where r.job = ? group by s.rec", [job_pk]).fetchall()
         return {int(rec): float(ts) for rec, ts in rows}
+
+    # -- what later history says of our decisions (detect/hindsight) ---------
+    def ledger_blames(self, cluster: str, since: float, until: float) -> list[dict]:
+        """The recommendations that excluded or drained nodes (done; in monitor
+        mode, would have) made in [since, until], oldest first, each with its
+        nodes (``nodes``: excluded and target nodes) and its job's row id,
+        attempt, Slurm id and user."""
+        rows = self.db.query(
+            "select r.id, r.job, r.attempt, r.scope, r.action, r.reason_category, r.mode, "
+            "r.created, r.target_nodes, r.exclude, r.user, j.job_id from recommendations r "
+            "left join jobs j on j.id = r.job where r.cluster = ? and r.created between ? "
+            "and ? and r.status in ('done', 'would_have') and r.action in "
+            "('requeue_exclude', 'drain_node') order by r.created, r.id",
+            [cluster, since, until])
+        out = []
+        for row in rows:
+            nodes = [*json.loads(row.pop("exclude") or "[]"),
+                     *json.loads(row.pop("target_nodes") or "[]")]
+            out.append({**row, "nodes": list(dict.fromkeys(nodes))})
+        return out
+
+    def node_facts(self, node: str, after: float, until: float) -> list[dict]:
+        """What the store recorded of ``node`` in (after, until], by time: its
+        hook reports (``kind`` report; ``bad`` when its GPUs failed or it
+        carried XIDs), strikes blamed on it (``strike``; a hang's suspicion of
+        every node of the job is left out), attempts that started there and
+        completed (``job``) and our resumes of it (``resume``). Each names
+        its job's row id and attempt where it has one."""
+        facts = [dict(r, kind="report") for r in self.db.query(
+            "select r.received as time, r.job, r.attempt, r.hook as detail, "
+            "(r.gpu_ok = 0 or exists (select 1 from xids x where x.report = r.id)) as bad "
+            "from node_reports r where r.node = ? and r.received > ? and r.received <= ?",
+            [node, after, until])]
+        facts += [dict(r, kind="strike", bad=1, attempt=None) for r in self.db.query(
+            "select ts as time, job, category as detail from strikes where node = ? "
+            "and ts > ? and ts <= ? and category != 'hang_suspect'", [node, after, until])]
+        facts += [dict(r, kind="job", bad=0) for r in self.db.query(
+            "select a.start_time as time, a.job, a.attempt, j.job_id as detail from attempts a "
+            "join jobs j on j.id = a.job where a.start_time > ? and a.start_time <= ? and "
+            "a.state = 'COMPLETED' and exists (select 1 from json_each(a.nodes) n where "
+            "n.value = ?)", [after, until, node])]
+        facts += [dict(r, kind="resume", bad=0, job=None, attempt=None) for r in self.db.query(
+            "select created as time, id as rec, rule as detail from recommendations where "
+            "scope = 'node' and action = 'resume_node' and status = 'done' and created > ? "
+            "and created <= ? and exists (select 1 from json_each(target_nodes) t where "
+            "t.value = ?)", [after, until, node])]
+        return sorted(facts, key=lambda f: f["time"])
+
+    def ledger_stops(self, cluster: str, since: float, until: float) -> list[dict]:
+        """The job recommendations that stopped a job (done; in monitor mode,
+        would have) made in [since, until], with the job's row."""
+        return list(self.db.query(
+            "select r.id as rec, r.created, r.mode, r.reason_category, j.* from "
+            "recommendations r join jobs j on j.id = r.job where r.cluster = ? and "
+            "r.scope = 'job' and r.action = 'stop' and r.status in ('done', 'would_have') "
+            "and r.created between ? and ? order by r.created, r.id",
+            [cluster, since, until]))
+
+    def same_named_jobs(self, cluster: str, user: str, name: str, since: float,
+                        until: float) -> list[dict]:
+        """The cluster's jobs of ``user`` named ``name`` submitted in [since,
+        until], by submit time."""
+        return list(self.db.query(
+            "select * from jobs where cluster = ? and user = ? and name = ? and "
+            "submit_time between ? and ? order by submit_time, id",
+            [cluster, user, name, since, until]))

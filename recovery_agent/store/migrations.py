@@ -5,6 +5,7 @@ new one at the end of :data:`MIGRATIONS`.
 """
 from __future__ import annotations
 
+import json
 import time
 from typing import Callable
 
@@ -197,6 +198,92 @@ def m010_attempt_output_paths(db: Database) -> None:
     db["attempts"].add_column("stderr", str)
 
 
+# the operator verbs of the API's audit events (``api_<verb>``), the rows 011 carries over
+_OPERATOR_VERBS = ("mode", "exclude", "include", "ack", "complete", "cancel")
+
+
+def m011_operator_actions(db: Database) -> None:
+    """The operator's changes as audit records of their own, one row each:
+    who (the uid munge or the kernel named, its user and role, and whether it
+    came through the API or straight on the store), when, what (the verb and
+    its target: an environment, a node, a recommendation and its job), the
+    state before and after, and the reason given. Before this they were only
+    ``api_<verb>`` timeline events; those are carried over (their role and
+    path unknown), so the audit trail starts where the events did."""
+    db["operator_actions"].create({
+        "id": int, "ts": float, "action": str, "actor": str, "actor_uid": int, "role": str,
+        "via": str, "target": str, "env": str, "node": str, "rec": int, "job": int,
+        "job_id": str, "job_user": str, "before": str, "after": str, "reason": str,
+        "data": str,
+    }, pk="id", foreign_keys=[("job", "jobs", "id")],
+        not_null={"ts", "action", "actor_uid"})
+    db["operator_actions"].create_index(["ts"])
+    db["operator_actions"].create_index(["action", "target"])
+    db["operator_actions"].create_index(["job"])
+    marks = ",".join("?" * len(_OPERATOR_VERBS))
+    rows = db.execute(
+        "select e.id, e.ts, e.kind, e.job, e.data, j.job_id, j.user from events e "
+        "left join jobs j on j.id = e.job where e.kind in (" + marks + ") "
+        "and json_valid(e.data) order by e.id",
+        [f"api_{verb}" for verb in _OPERATOR_VERBS]).fetchall()
+    for event_id, ts, kind, job, raw, job_id, user in rows:
+        data = json.loads(raw) if raw else {}
+        if not isinstance(data, dict) or not isinstance(data.get("uid"), int):
+            continue
+        verb = kind[len("api_"):]
+        rec = data.get("rec") if isinstance(data.get("rec"), int) else None
+        node = data.get("node") if isinstance(data.get("node"), str) else None
+        env = data.get("env") if isinstance(data.get("env"), str) else None
+        before, after = data.get("before"), data.get("after")
+        if verb == "exclude":
+            after = "excluded"
+        elif verb == "include":
+            after = "included"
+        elif verb == "ack":
+            after = "executing"
+        elif verb == "complete":
+            after = data.get("outcome")
+        elif verb == "cancel":
+            after = "cancelled"
+        db["operator_actions"].insert({
+            "ts": ts, "action": verb, "actor": data.get("user") or str(data["uid"]),
+            "actor_uid": data["uid"], "role": None, "via": None,
+            "target": env or node or (f"#{rec}" if rec else None), "env": env, "node": node,
+            "rec": rec, "job": job, "job_id": job_id, "job_user": user,
+            "before": before if isinstance(before, str) else None,
+            "after": after if isinstance(after, str) else None,
+            "reason": data.get("reason") if isinstance(data.get("reason"), str) else None,
+            "data": json.dumps({"event": event_id, **({"forced": data["forced"]}
+                                                       if data.get("forced") else {})}),
+        })
+
+
+def m012_node_states(db: Database) -> None:
+    """Node states as the watch loop saw them: a row each time a node's state,
+    flags or drain reason (with its user and time) changed between two
+    listings, and whether the drain then shown was ours (the store's record of
+    our drain matched it). ``recovery-ctl report`` scores monitor mode against
+    this history, so a human drain lifted before the report still counts."""
+    db["node_states"].create({
+        "id": int, "ts": float, "cluster": str, "node": str, "state": str, "drained": int,
+        "reason": str, "reason_user": str, "reason_time": int, "ours": int,
+    }, pk="id", not_null={"ts", "node", "state"}, defaults={"drained": 0, "ours": 0})
+    db["node_states"].create_index(["node", "id"])
+    db["node_states"].create_index(["ts"])
+
+
+def m015_ledger_progress(db: Database) -> None:
+    """What the goodput ledger reads beyond the rest: the last training step
+    each attempt's log reported and when (``last_step``, ``last_step_time``),
+    for steps lost; and the job's batch script as Slurm lists it
+    (``jobs.command``), to tell a stopped job resubmitted unchanged. Rows from
+    before have neither (their figures read unknown)."""
+    db["attempts"].add_column("last_step", int)
+    db["attempts"].add_column("last_step_time", float)
+    db["jobs"].add_column("command", str)
+    db["jobs"].create_index(["cluster", "user", "name"], if_not_exists=True)
+
+
 MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("001_initial", m001_initial),
     ("002_node_reports", m002_node_reports),
@@ -208,6 +295,9 @@ MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("008_strike_witness", m008_strike_witness),
     ("009_event_detections", m009_event_detections),
     ("010_attempt_output_paths", m010_attempt_output_paths),
+    ("011_operator_actions", m011_operator_actions),
+    ("012_node_states", m012_node_states),
+    ("015_ledger_progress", m015_ledger_progress),
 ]
 
 

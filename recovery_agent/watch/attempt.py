@@ -17,6 +17,7 @@ from ..detect.checkpoint import CheckpointWatcher
 from ..detect.context import LayoutLines
 from ..detect.model import Detection
 from ..detect.progress import HangDetector, StragglerDetector
+from ..detect.steps import StepCounter
 from ..inputs.logline import LogLine
 from ..inputs.reportlines import lines_from_report
 from ..inputs.userfs import Rights
@@ -39,6 +40,9 @@ class AttemptWatch:
     hang: HangDetector
     straggler: StragglerDetector
     ckpt: CheckpointWatcher = field(default_factory=CheckpointWatcher)
+    steps: StepCounter = field(default_factory=StepCounter)   # the last step the log reported
+    saved_step: tuple | None = None   # (step, time) last written to the store
+    step_saved_at: float = 0.0
     streams: dict = field(default_factory=dict)
     last_ckpt_scan: float = 0.0
     straggler_checked: float = float("-inf")
@@ -96,7 +100,8 @@ class AttemptLines:
             found += watch.streams[path].flush()
         self._tail_notices({watch.key: watch})
         self._store(watch, found, now)
-        self._checkpoint(watch, now)   # a checkpoint line in the attempt's last moments
+        # a checkpoint line in the attempt's last moments, and its last step
+        self._checkpoint(watch, now, final=True)
         self._await_verdict(watch, job, now)
         self.watches.pop(watch.job_pk, None)
         for path in watch.paths:
@@ -139,14 +144,15 @@ class AttemptLines:
         """A run of consecutive lines of one file: line by line to the hang
         (when on), straggler and checkpoint detectors, as one block to the
         scanner (same detections as line by line, at a fraction of the cost)."""
-        straggler, ckpt = watch.straggler, watch.ckpt
+        straggler, ckpt, steps = watch.straggler, watch.ckpt, watch.steps
         hang = watch.hang if watch.hang.enabled else None   # off: nothing to feed it
         layout = watch.layout
         for line in run:
             if hang is not None:
                 hang.feed(now, line.text, path, line.lineno)
             straggler.feed(now, line.text)
-            ckpt.feed(now, line.text)
+            ckpt.feed(now, line.text, watch.started)
+            steps.feed(now, line.text, watch.started)
             layout.feed(line.text)
         stream = watch.streams.get(path) or watch.streams.setdefault(
             path, self.scanner.stream(path, origin="job"))

@@ -1,6 +1,7 @@
 """The watch loop and job sync: one cycle, the registration of jobs that opted
 in through ``--comment``, the scheduler's listing matched to the stored jobs
-(state changes, a job gone, a job id reused), and the loop that runs cycles.
+(state changes, a job gone, a job id reused), the nodes' state history
+(:mod:`.nodestates`), and the loop that runs cycles.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ..scheduler.base import FINISHED_STATES, Job, Scheduler
 from ..store import STORE_ERRORS, Store, same_job
 from .attempt import AttemptLines, AttemptWatch
 from .feed import SourceFeed
+from .nodestates import NodeStates
 from .running import RunningChecks
 from .verdicts import Verdicts
 
@@ -72,6 +74,7 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
         self._seen_flushed = 0.0
         self._path_users: dict[str, int] = {}       # followed path -> watches using it
         self._node_map: tuple[float, dict[str, str]] = (float("-inf"), {})
+        self.node_states = NodeStates(cfg, store, scheduler)   # the node state history
 
     def cycle(self) -> int:
         """Run one cycle; return how many detections it stored."""
@@ -84,6 +87,10 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
         self._register_comment_jobs(listing.values())
         self._deferred: Exception | None = None
         self._sync(listing, now)
+        try:
+            self.node_states.poll(now)
+        except STORE_ERRORS as exc:
+            self._defer(exc)
         found = self._scan(now)
         found += self._poll_sources(listing, now)
         found += self._check(listing, now)

@@ -20,6 +20,10 @@ CKPT_SCAN_INTERVAL = 30.0
 # stragglers are judged over minutes of step times: a few seconds between looks
 # cost nothing in latency and most of the medians' CPU at 10,000 jobs
 STRAGGLER_CHECK_EVERY = 5.0
+# the last training step an attempt's log reported is written with each new
+# checkpoint, at the attempt's end, and otherwise at most this often (one row
+# update per attempt; an agent that dies loses at most this much of it)
+STEP_SAVE_EVERY = 300.0
 
 
 class RunningChecks:
@@ -96,7 +100,10 @@ class RunningChecks:
             self._decide(watch, job, straggler_verdict(watch.found, slow), "straggler",
                          list(watch.found))
 
-    def _checkpoint(self, watch: AttemptWatch, now: float) -> None:
+    def _checkpoint(self, watch: AttemptWatch, now: float, final: bool = False) -> None:
+        """Note a new checkpoint of the attempt (and, with it, the last step
+        the log reported); the last step alone every STEP_SAVE_EVERY, and at
+        the attempt's end (``final``)."""
         if watch.spec.ckpt and now - watch.last_ckpt_scan >= CKPT_SCAN_INTERVAL:
             watch.last_ckpt_scan = now
             # with the user's rights: only their own files, where they may look
@@ -114,8 +121,29 @@ class RunningChecks:
                                             else ""), attempt=watch.attempt,
                                          source=newest.source,
                                          data={"path": newest.path, "step": newest.step,
-                                               "time": newest.time})
+                                               "time": newest.time, "clock": newest.clock})
+                    self._save_step(watch, now)
             except STORE_ERRORS as exc:
                 self._defer(exc)   # written next time round
                 return
             watch.saved_ckpt = newest
+        elif _step_changed(watch) and (final or now - watch.step_saved_at >= STEP_SAVE_EVERY):
+            try:
+                with self.store.transaction():
+                    self._save_step(watch, now)
+            except STORE_ERRORS as exc:
+                self._defer(exc)
+
+    def _save_step(self, watch: AttemptWatch, now: float) -> None:
+        """The attempt's last reported step into the store, when it changed
+        (inside the caller's transaction)."""
+        step = watch.steps
+        if not _step_changed(watch):
+            return
+        self.store.set_attempt_step(watch.job_pk, watch.attempt, step.last, step.time or now)
+        watch.saved_step, watch.step_saved_at = (step.last, step.time), now
+
+
+def _step_changed(watch: AttemptWatch) -> bool:
+    step = watch.steps
+    return step.last is not None and (step.last, step.time) != watch.saved_step

@@ -271,10 +271,16 @@ class Verdicts:
         """Address -> node from Slurm's node records (``NodeAddr``,
         ``NodeHostname``), so that an NCCL peer's IP address or a node's FQDN
         in a log names the node. Listed when a verdict needs it, at most every
-        ``NODE_MAP_TTL`` seconds; while the listing fails the last map stays
+        ``NODE_MAP_TTL`` seconds, or taken from the node state poll's listing
+        when that is newer; while the listing fails the last map stays
         (addresses seldom change, and a name outside the job's nodes counts
         for nothing whatever it maps to)."""
         listed_at, known = self._node_map
+        polled = self.node_states.listing     # the node state poll's, when newer
+        if polled is not None and polled[0] > listed_at:
+            listed_at, known = polled[0], node_addresses(
+                (n.name, n.address, n.hostname) for n in polled[1])
+            self._node_map = (listed_at, known)
         if now - listed_at < NODE_MAP_TTL:
             return known
         try:

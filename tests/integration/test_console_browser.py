@@ -5,8 +5,10 @@ It checks what an on-call admin works from: the banner (modes, agent health),
 the job list's filters, search and paging, a job's timeline (labelled lanes,
 the text of each event, attempts marked off, every detection beside its own
 evidence line, checked against the store), output files and next commands,
-and a node's page. It writes the screenshots in docs/ (console-jobs.png,
-console-job.png, console-node.png): a rerun regenerates them."""
+a node's page, and the goodput page (its charts drawn on the server, checked
+against GET /v1/goodput). It writes the screenshots in docs/ (console-jobs.png,
+console-job.png, console-node.png, console-goodput.png): a rerun regenerates
+them."""
 from __future__ import annotations
 
 import json
@@ -211,5 +213,29 @@ def test_console_after_a_recovery(devcluster, submit, tmp_path, cleanup, browser
         shot(page, "console-node.png")
         subprocess.run([CTL, "include", "node4", "--url", base], env=agent.environ(),
                        check=True, capture_output=True, timeout=60)
+        check_goodput(page, base, job_id, bad)
     finally:
         agent.stop()
+
+
+def check_goodput(page, base: str, job_id: str, bad: str) -> None:
+    """The goodput page after the recovery: the incident's lost GPU time in the
+    chart under its category, ETTR for its environment, the faulted node among
+    the worst, as GET /v1/goodput reports them."""
+    def known():
+        report = get(base, "/v1/goodput?since=1d")
+        mine = [i for i in report["incidents"] if i["job_id"] == job_id]
+        return report if mine and mine[0]["gpu_s_lost"] is not None else None
+    report = wait_for(known, 60, "the incident's lost GPU time known")
+    (inc,) = [i for i in report["incidents"] if i["job_id"] == job_id]
+    page.goto(f"{base}/console/goodput?since=7d")
+    drawn = page.eval_on_selector_all(
+        "svg#lost rect.lost-bar", "els => els.map(e => [e.dataset.category, "
+        "e.getBoundingClientRect().height])")
+    assert any(cat == inc["category"] and height > 0 for cat, height in drawn), drawn
+    ettr = page.eval_on_selector_all("#ettr g.bar-row", "els => els.map(e => e.dataset.label)")
+    assert "act" in ettr, ettr
+    assert bad in page.locator("#worst-nodes").inner_text()
+    assert job_id in page.locator("#incidents").inner_text()
+    assert page.locator("script[src]").count() == 0      # nothing fetched from elsewhere
+    shot(page, "console-goodput.png")

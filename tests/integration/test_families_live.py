@@ -216,6 +216,27 @@ def test_a_driver_library_mismatch_excludes_the_node_it_ran_on(act_agent, submit
     assert rec["exclude"] == json.loads(ran_on)
 
 
+# nvidia-smi's device-handle error in the 5xx drivers' layout (index, then bus
+# id): the GPU stopped answering (kernel.gpu_lost; public notes quoting
+# nvidia-smi, find_string id 51863788626)
+GPU_HANDLE_LOST = "Unable to determine the device handle for GPU3: 0000:5F:00.0: Unknown Error"
+
+
+def test_a_gpu_that_nvidia_smi_cannot_reach_excludes_the_node_it_ran_on(act_agent, submit):
+    """The job's own nvidia-smi says a GPU no longer answers: the node is
+    excluded and the job requeued, in whichever layout nvidia-smi prints it."""
+    job_id = submit("-N1", "--requeue", "--open-mode=append", "--recovery=act",
+                    "-o", "family-%j.out",
+                    script='[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && exit 0; '
+                           + printing(GPU_HANDLE_LOST))
+    row = wait_for(lambda: job_row(act_agent, job_id), 30, f"job {job_id} registered")
+    rec = final_rec(act_agent, row[0], attempt=0)
+    ran_on = act_agent.query("select nodes from attempts where job = ? and attempt = 0",
+                             row[0])[0][0]
+    assert (rec["action"], rec["status"]) == ("requeue_exclude", "done")
+    assert rec["exclude"] == json.loads(ran_on)
+
+
 # Lightning's own end-of-fit line (lifecycle.lightning_fit_done), then PyTorch's
 # watchdog timeout as the process groups are torn down (test_attribution.TIMEOUT's format)
 FIT_DONE = "`Trainer.fit` stopped: `max_epochs=20` reached."

@@ -5,11 +5,14 @@ checkpointed; the agent requeues it without the node and it resumes), then
 ``recovery-ctl report goodput --json`` on the agent's store: one incident,
 recovered, whose work lost matches the job's own output (the time from its last
 ``checkpoint saved`` line to its ``CUDA error`` line) within one checkpoint
-interval."""
+interval, and whose steps lost match it (the step that failed, less one, minus
+the checkpoint's step) within one step-line interval. The checkpoints are dated
+by their save lines' own stamps."""
 from __future__ import annotations
 
 import json
 import re
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -17,13 +20,17 @@ import pytest
 from click.testing import CliRunner
 
 from recovery_agent.interfaces.ctl import main
+from recovery_devtools.devcluster.inject import inject_xid
 from tests.integration.conftest import AgentProcess, job_row, wait_for
-from tests.integration.test_recovery_live import final_rec, xid_under_job
+from tests.integration.test_recovery_live import final_rec, output_has, second_node, train_job
 
 pytestmark = pytest.mark.live
-# train_job's settings: a checkpoint every 20 steps of 0.1 s
+# train_job's settings: a checkpoint every 20 steps of 0.1 s; a step line every 10
 CKPT_INTERVAL = 20 * 0.1
+LOG_EVERY = 10
 _STAMP = re.compile(r"^\[(\S+)Z\] ")
+_FAILED_STEP = re.compile(r" step (\d+): CUDA error")
+_SAVED_STEP = re.compile(r"checkpoint saved: \S+ step=(\d+)")
 
 
 def _when(line: str) -> float:
@@ -40,6 +47,16 @@ def truth(out: Path) -> float:
     return _when(lines[fail]) - _when(saved[-1])
 
 
+def steps_truth(out: Path) -> int:
+    """Steps lost as the job printed them: the steps done before the one that
+    failed, since the last checkpoint saved before it."""
+    lines = out.read_text(errors="replace").splitlines()
+    fail = next(i for i, l in enumerate(lines) if "CUDA error on this node's GPU" in l)
+    failed = int(_FAILED_STEP.search(lines[fail]).group(1))
+    saved = [int(m.group(1)) for l in lines[:fail] if (m := _SAVED_STEP.search(l))]
+    return failed - 1 - saved[-1]
+
+
 def goodput(agent: AgentProcess) -> dict:
     result = CliRunner().invoke(main, ["report", "goodput", "--since", "1h", "--json",
                                        "--config", str(agent.config), "--db",
@@ -52,8 +69,14 @@ def test_report_goodput_after_an_xid_recovery(submit, devcluster, tmp_path, clea
     agent = AgentProcess(devcluster, db=tmp_path / "recovery.db")
     agent.start()
     try:
-        job_id, out, bad = xid_under_job(submit, devcluster, tmp_path, cleanup, agent,
-                                         checkpoints=2)
+        job_id, out = train_job(submit, devcluster, tmp_path, "act")
+        _, bad = second_node(devcluster.scheduler(), job_id)
+        cleanup.append((bad, agent))
+        wait_for(lambda: output_has(out, "checkpoint saved:", 2), 60, "2 checkpoints")
+        # halfway to the next checkpoint: work lost is about a second, the size
+        # of the lag the agent's reading of a save line would have added
+        time.sleep(CKPT_INTERVAL / 2)
+        inject_xid(devcluster.lay, bad, 0, 79)
         row = job_row(agent, job_id)
         rec = final_rec(agent, row[0])
         assert (rec["action"], rec["status"]) == ("requeue_exclude", "done")
@@ -75,6 +98,14 @@ def test_report_goodput_after_an_xid_recovery(submit, devcluster, tmp_path, clea
     lost = truth(out)
     assert inc["work_lost_s"] is not None, inc["unknown"]
     assert abs(inc["work_lost_s"] - lost) <= CKPT_INTERVAL, (inc, lost)
+    steps = steps_truth(out)
+    assert inc["steps_lost"] is not None, inc["unknown"]
+    assert abs(inc["steps_lost"] - steps) <= LOG_EVERY, (inc, steps)
+    print(f"measured: work lost {inc['work_lost_s']:.3f} s (the output says {lost:.3f} s), "
+          f"steps lost {inc['steps_lost']} (the output says {steps})")
+    clocks = agent.query("select json_extract(data, '$.clock') from events where "
+                         "kind = 'checkpoint' and job = ?", job_row(agent, job_id)[0])
+    assert clocks and {c for (c,) in clocks} == {"line"}, clocks
     assert inc["downtime_s"] is not None and inc["downtime_s"] > 0
     assert inc["failure"] <= inc["detected"] <= inc["acted"] <= inc["running_again"]
     assert report["groups"]["all"]["incidents"] == 1 + len(others)

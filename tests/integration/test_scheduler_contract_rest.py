@@ -95,13 +95,14 @@ if REST_ON:
 
         def test_forged_token_is_refused_not_an_empty_listing(self, devcluster, tmp_path):
             # slurmrestd passes the token on; slurmctld refuses it. 22.05 says so as
-            # HTTP 500 with a bare "Unspecified error" entry, newer ones as 401.
+            # HTTP 500 with a bare "Unspecified error" entry, 24.11 as 511 (Slurm's
+            # error 1007, "Protocol authentication error"), others as 401.
             bad = tmp_path / "token"
             bad.write_text("SLURM_JWT=eyJhbGciOiJIUzI1NiJ9.e30.c2lnbmF0dXJl\n")
             sched = rest_scheduler(devcluster, token_file=str(bad))
             with pytest.raises(SchedulerError) as info:
                 sched.list_jobs()
-            assert info.value.returncode in (401, 500)
+            assert info.value.returncode in (401, 500, 511)
             assert info.value.argv[0] == "GET"
             assert f"HTTP {info.value.returncode}" in str(info.value)
 

@@ -16,6 +16,7 @@ import pytest
 
 from recovery_agent.act.actuator import RESUME_CHECK_INTERVAL, Actuator
 from recovery_agent.act.drains import drain_reason, ours
+from recovery_agent.act.jobs import RELAUNCH_GAP_S, relaunch_after
 from recovery_agent.config import from_mapping
 from recovery_agent.errors import JobNotFound, NodeNotFound, SchedulerError
 from recovery_agent.act.notify import Sent
@@ -352,7 +353,8 @@ def test_failed_job_requeue_exclude_happy_path(store, clock, completing):
     rec = store.rec(rec_id)
     assert rec.status == "done" and rec.error is None
     assert rec.held_at == t0 and rec.done_at == clock[0]
-    assert passes == (3 if completing else 2)
+    # the start waits RELAUNCH_GAP_S whole seconds after the requeue's second
+    assert passes == 3
     assert slurm.calls == Counter(requeue_hold=1, set_excluded_nodes=1, start_now=1,
                                   release=1)
     assert [c[0] for c in slurm.log] == ["requeue_hold", "set_excluded_nodes", "start_now",
@@ -668,6 +670,7 @@ def test_a_controller_restart_before_the_release_gets_start_now_again(store, clo
     rec_id = add_job_rec(store, slurm, exclude=("gpu2",))
     act = make_actuator(store, slurm, clock, retry_backoff=1)
     act.run_once()                                   # requeue_hold
+    clock[0] += RELAUNCH_GAP_S
     act.run_once()                                   # exclude, start_now, release refused
     assert ("release", "failed") in steps(store, rec_id)
     slurm.job.update(excluded=(), start_now=False)   # the restarted controller forgot them
@@ -677,6 +680,29 @@ def test_a_controller_restart_before_the_release_gets_start_now_again(store, clo
     assert slurm.calls["start_now"] == 2 and slurm.calls["release"] == 2
     again = [s["detail"] for s in store.steps(rec_id) if s["step"] == "start_now"]
     assert "again" in again[-1]
+
+
+def test_the_restart_waits_for_the_relaunch_gap(store, clock):
+    """StartTime=now and the release come no sooner than RELAUNCH_GAP_S whole
+    seconds after the requeue's second (a slurmd refuses to launch the job
+    again under a credential that is not newer than its kill); the exclusion
+    goes on at once."""
+    slurm = FakeSlurm(state="FAILED")
+    rec_id = add_job_rec(store, slurm, exclude=("gpu2",))
+    act = make_actuator(store, slurm, clock)
+    clock[0] = float(int(clock[0])) + 0.9         # late in a second
+    act.run_once()                                # requeue_hold
+    held = store.rec(rec_id).held_at
+    for dt in (0.3, 0.5):                         # still inside the gap
+        clock[0] += dt
+        act.run_once()
+    assert [c[0] for c in slurm.log] == ["requeue_hold", "set_excluded_nodes"]
+    assert clock[0] < relaunch_after(held) == int(held) + RELAUNCH_GAP_S
+    clock[0] = relaunch_after(held)
+    act.run_once()
+    assert [c[0] for c in slurm.log][-2:] == ["start_now", "release"]
+    assert store.rec(rec_id).status == "done"
+    assert relaunch_after(None) == 0.0
 
 
 def test_a_clean_release_sets_start_now_once(store, clock):

@@ -149,10 +149,15 @@ def test_mode_change_is_admin_only_persisted_audited_and_used(tmp_path):
                 ).status_code == 404
     assert post(client, "/v1/environments/act/mode", ADMIN, {"mode": "loud"}
                 ).status_code == 400
-    answer = post(client, "/v1/environments/act/mode", ADMIN, {"mode": "monitor"})
-    assert answer.json() == {"env": "act", "mode": "monitor", "before": "action"}
+    answer = post(client, "/v1/environments/act/mode", ADMIN,
+                  {"mode": "monitor", "reason": "quiet week"})
+    assert answer.json() == {"env": "act", "mode": "monitor", "before": "action",
+                             "source": "operator"}
     envs = client.get("/v1/environments").json()["environments"]
-    assert envs["act"] == {"configured": "action", "mode": "monitor", "max_restarts": 3}
+    assert {k: envs["act"][k] for k in ("configured", "mode", "source", "set_uid",
+                                        "reason")} == {
+        "configured": "action", "mode": "monitor", "source": "operator", "set_uid": ADMIN,
+        "reason": "quiet week"}
     assert Decider(cfg, store).mode(specs.parse("act")) == "monitor"
     (event,) = [e for e in store.db["events"].rows_where("kind = 'api_mode'")]
     assert "action -> monitor" in event["message"] and '"uid": 0' in event["data"]

@@ -144,3 +144,59 @@ def test_float_keys_can_come_from_the_environment():
     import pytest
     with pytest.raises(ConfigError, match="RECOVERY_POLICY_LEMON_THRESHOLD"):
         apply_env(Config(), {"RECOVERY_POLICY_LEMON_THRESHOLD": "lots"})
+
+
+# -- issue 22, item 3: environments inherit from [environments.default] ----------------
+
+def test_environments_inherit_from_default_then_the_built_in_defaults():
+    cfg = config.from_mapping({"environments": {
+        "default": {"max_restarts": 5, "hang": "20m", "notify": "mail"},
+        "prod": {"hang": "30m"},
+        "dev": {"mode": "action", "max_restarts": 1}}})
+    prod, dev, default = (cfg.environment(n) for n in ("prod", "dev", "default"))
+    assert (prod.max_restarts, prod.hang, prod.notify) == (5, 1800.0, "mail")
+    assert (dev.max_restarts, dev.hang, dev.mode) == (1, 1200.0, "action")
+    # what default leaves unset is the built-in default everywhere
+    built_in = config.EnvironmentConfig()
+    assert prod.straggler_factor == dev.straggler_factor == built_in.straggler_factor
+    assert default.mode == prod.mode == "monitor"
+    # no [environments.default] table: the built-in defaults, as before
+    assert config.from_mapping({"environments": {"x": {"hang": 60}}}).environment(
+        "x").max_restarts == built_in.max_restarts
+
+
+def test_an_inherited_bad_value_is_named_where_it_was_written():
+    with pytest.raises(ConfigError, match=r"environments\.default\.mode"):
+        config.from_mapping({"environments": {"default": {"mode": "loud"},
+                                              "prod": {"hang": "1h"}}})
+
+
+def test_keys_set_to_what_they_inherit_anyway_are_found():
+    from recovery_agent.config.loading import inherited_anyway
+    raw = {"default": {"mode": "monitor", "max_restarts": 5},
+           "prod": {"mode": "monitor", "max_restarts": "5", "hang": "30m"},
+           "dev": {"max_restarts": 3, "straggler_factor": 1.5}}
+    assert inherited_anyway(raw) == [("prod", "mode", "monitor"), ("prod", "max_restarts", 5),
+                                     ("dev", "straggler_factor", 1.5)]
+    assert inherited_anyway({"default": {"mode": "monitor"}}) == []   # default's own: fine
+
+
+def test_check_notes_an_inherited_key_without_failing_or_counting_it(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from recovery_agent.interfaces import check
+    from recovery_agent.interfaces.ctl import main as ctl
+    path = write(tmp_path, '[environments.default]\nmax_restarts = 5\n'
+                           '[environments.prod]\nmax_restarts = 5\nhang = "30m"\n')
+    cfg = config.load(path, environ={})
+    (note,) = check.config_notes(cfg)
+    assert (note.word, note.name) == ("NOTE", "config environments.prod.max_restarts")
+    assert "inherits from [environments.default]" in note.detail
+    monkeypatch.setattr("recovery_agent.interfaces.ctl.host.run_checks",
+                        lambda cfg: [check.Result("config", True, str(path)),
+                                     *check.config_notes(cfg)])
+    result = CliRunner().invoke(ctl, ["check", "-c", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "NOTE  config environments.prod.max_restarts" in result.output
+    assert result.output.splitlines()[-1] == "1 of 1 checks passed"
+    assert check.config_notes(config.load(EXAMPLE, environ={})) == []   # the example is clean

@@ -4,6 +4,7 @@ timeline lanes, attempts, output files, evidence lines and next commands; a
 node's page; and who sees what on each."""
 from __future__ import annotations
 
+import pwd
 import re
 import time
 from types import SimpleNamespace
@@ -132,11 +133,14 @@ def test_overview_lists_jobs_open_and_blocked_recommendations_and_nodes(tmp_path
 
 def test_the_banner_shows_each_environments_mode_and_the_agents_health(tmp_path):
     store, client = make(tmp_path)
-    client.post("/v1/environments/prod/mode", json={"mode": "monitor"})
+    client.post("/v1/environments/prod/mode", json={"mode": "monitor", "reason": "calm"})
     text = client.get("/console").text
     banner = text[text.index("<div id=\"banner\">"):text.index("<main>")]
+    # who set it, when and why (the title), and the file's mode
+    me = pwd.getpwuid(0).pw_name
     assert re.search(r'data-env="prod"><b>prod</b>\s*<span class="tag ">monitor</span>\s*'
-                     r'<span class="muted">\(configured action\)', banner), banner
+                     r'<span class="muted" title="calm">\(set by ' + me + r' \d{4}-\d\d-\d\dT'
+                     r'[\d:]+; configured action\)', banner), banner
     assert re.search(r'data-env="ext"><b>ext</b>\s*<span class="tag warn">external', banner)
     assert "NOT watching: no cycle yet" in banner and 'class="bad tag"' in banner
     store.set_state("heartbeat", {"time": time.time() - 3, "cycles": 41})
@@ -385,3 +389,50 @@ def test_the_node_page_hides_other_users_jobs_and_users(tmp_path):
     theirs = view.node_page("node2", BOB)
     assert "4410" not in theirs and "ana" not in theirs and "5001" in theirs
     assert "5001" in view.node_page("node2", ADMIN) and "4410" in view.node_page("node2", None)
+
+
+# -- the goodput page ------------------------------------------------------------------
+def _goodput(tmp_path, monkeypatch, who=None, since="7d"):
+    """The goodput page over tests/unit/test_ledger.py's XID recovery (an hour
+    ago), and one more failed attempt whose loss is unknown (no checkpoint)."""
+    from tests.unit import test_ledger as led
+    monkeypatch.setattr(led, "T", float(int(time.time())) - 3600)
+    store = Store(tmp_path / "r.db")
+    led._xid_recovery(store)
+    other = led._attempt(store, "4490", 0, led.T, led.T + 600, "FAILED", user="bob",
+                         nodes=("node5",))
+    led._rec(store, other, 0, "requeue", "interconnect", led.T + 600, led.T + 601,
+             nodes=("node5",), running_again=led.T + 700)
+    page = Console(Service(config(), store)).goodput_page(who, {"since": since})
+    return page, store
+
+
+def test_the_goodput_page_draws_its_charts_on_the_server(tmp_path, monkeypatch):
+    page, _ = _goodput(tmp_path, monkeypatch)
+    lost = re.findall(r"<rect class='lost-bar' data-category='([a-z_]+)'", page)
+    assert lost == ["gpu_hardware"]            # the other incident's loss is unknown ...
+    assert "0.20 GPU-h lost to gpu_hardware" in page
+    assert re.search(r"class='unknown-mark'[^>]*>\?1<", page)   # ... and counted, not drawn
+    assert "data-label='gpu_hardware'" in page and "median 40 s, p95 40 s" in page
+    assert "data-label='prod'" in page                        # ETTR per environment
+    worst = page[page.index("id='worst-nodes'"):page.index("id='blame'")]
+    assert worst.index("node2") < worst.index("node5")       # most GPU-hours lost first
+    assert "precision unknown" in page and "0 stop(s)" in page
+    # no script from elsewhere, no chart library: the page is whole as served
+    assert "<script src" not in page and "cdn" not in page.lower()
+
+
+def test_a_user_sees_the_goodput_of_their_own_jobs(tmp_path, monkeypatch):
+    page, _ = _goodput(tmp_path, monkeypatch, who=BOB)
+    assert "of your jobs" in page and "4490" in page and "4410" not in page
+    assert "<rect class='lost-bar'" not in page
+
+
+def test_the_goodput_page_over_http_and_a_window_it_cannot_read(tmp_path, monkeypatch):
+    _, store = _goodput(tmp_path, monkeypatch)
+    client = TestClient(create_app(config(), Ingest(store, "c1")))
+    answer = client.get("/console/goodput", params={"since": "90d"})
+    assert answer.status_code == 200 and "<option selected>90d</option>" in answer.text
+    fallback = client.get("/console/goodput", params={"since": "yesterday-ish"})
+    assert fallback.status_code == 200 and "<option selected>30d</option>" in fallback.text
+    assert "href='/console/goodput'" in client.get("/console").text

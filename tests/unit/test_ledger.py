@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 
 import pytest
 from click.testing import CliRunner
@@ -375,5 +375,366 @@ def test_a_running_attempts_listed_end_is_not_an_end(store):
              submit=1001)
     record = gather.job_record(store, store.job(pk))
     assert record.attempts[1].end is None
-    g = gather.report(store, CFG, T - 10, T + 1000)["groups"]["all"]
-    assert g["ettr"] is None and g["ettr_unknown_jobs"] == 1 and g["recovered"] == 1
+    g = gather.report(store, CFG, T - 10, T + 1000, now=T + 1000)["groups"]["all"]
+    assert g["ettr_unknown_jobs"] == 0 and g["recovered"] == 1
+    allocated = 8 * (252 + 710 + 40)      # the running attempt up to the window's end
+    assert g["ettr"] == pytest.approx((allocated - 720) / allocated)
+
+
+# -- when a checkpoint was saved: the save line's own stamp ------------------------------
+# each line as its trainer prints it (the sources are cited in detect/stamps.py and
+# detect/steps.py)
+DEMO_SAVE = "[2026-12-02T10:00:00.123Z] rank 0/2 node1 checkpoint saved: /ck/step-000040.json step=40"
+NEMO_SAVE = ("[NeMo I 2025-06-18 22:03:05 nemo_logging:393] Async checkpoint save for step 5 "
+             "(/home/johnsh29/Evo2_Mortierellaceae/pretraining_mortierellaceae/evo2/checkpoints/"
+             "evo2--val_loss=0.0000-epoch=0-consumed_samples=5.0-last.ckpt) finalized "
+             "successfully.")
+TITAN_SAVE = ("[rank0]:2025-04-01 00:25:59,616 - root - INFO - Finished saving the checkpoint "
+              "(or staging if async is enabled)in 5.53 seconds.")
+DEEPSPEED_STEP = ("[2024-08-15 21:12:21,408] [INFO] [logging.py:96:log_dist] [Rank 0] step=600, "
+                  "skipped=0, lr=[9.26050416794548e-05], mom=[(0.9, 0.999)]")
+
+
+def _utc(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=timezone.utc).timestamp()
+
+
+def test_line_stamps_of_real_trainers():
+    from recovery_agent.detect.stamps import line_time
+    demo = _utc("2026-12-02T10:00:00.123")
+    assert line_time(DEMO_SAVE, demo + 0.9) == pytest.approx(demo)
+    # stamps without a zone are read in the given one (the host's by default)
+    cases = [(NEMO_SAVE, "2025-06-18T22:03:05"), (TITAN_SAVE, "2025-04-01T00:25:59.616"),
+             (DEEPSPEED_STEP, "2024-08-15T21:12:21.408")]
+    for line, when in cases:
+        assert line_time(line, _utc(when) + 1, zone=timezone.utc) == pytest.approx(_utc(when))
+    local = datetime(2025, 6, 18, 22, 3, 5).timestamp()
+    assert line_time(NEMO_SAVE, local + 1) == local
+
+
+def test_a_stamp_that_cannot_be_the_lines_is_not_used():
+    from recovery_agent.detect.stamps import line_time
+    demo = _utc("2026-12-02T10:00:00.123")
+    assert line_time(DEMO_SAVE, demo - 3600) is None            # after it was read
+    assert line_time(DEMO_SAVE, demo + 1, earliest=demo + 60) is None   # before the start
+    assert line_time("rank 0 checkpoint saved: /ck/a step=4", demo) is None   # no stamp
+    # a date inside a long message (a path) is no logging prefix
+    assert line_time("x" * 130 + " 2026-12-02 10:00:00 saved", demo) is None
+    assert line_time("[2026-13-40 10:00:00] checkpoint saved", demo) is None
+
+
+def test_a_save_line_is_dated_by_its_stamp_else_by_its_reading():
+    from recovery_agent.detect.checkpoint import CheckpointWatcher
+    demo = _utc("2026-12-02T10:00:00.123")
+    watcher = CheckpointWatcher()
+    record = watcher.feed(demo + 0.9, DEMO_SAVE, started=demo - 100)
+    assert record.time == pytest.approx(demo) and record.clock == "line" and record.step == 40
+    plain = watcher.feed(demo + 5, "rank 0/2 node1 checkpoint saved: /ck/step-000060.json "
+                                   "step=60")
+    assert plain.time == demo + 5 and plain.clock == "read"
+
+
+# -- steps: the last step the log reported ----------------------------------------------
+def test_step_lines_of_real_trainers():
+    from recovery_agent.detect.steps import parse_step
+    assert parse_step("Training epoch 0, iteration 4/9 | lr: 8e-05 | global_batch_size: 1 | "
+                      "global_step: 4 | reduced_train_loss: 1.257 | train_step_timing in s: "
+                      "0.3505 | consumed_samples: 5") == 4
+    assert parse_step(" [2024-07-15 15:26:21] iteration       10/    1000 | consumed samples: "
+                      "          80 | elapsed time per iteration (ms): 8195.9 |") == 10
+    assert parse_step(DEEPSPEED_STEP) == 600
+    assert parse_step("[rank0]:[titan] 2025-06-04 08:51:48,074 - root - INFO - step:  1  loss: "
+                      "12.2254  memory: 27.34GiB(28.78%)  tps: 375  tflops: 21.73  mfu: 2.20%") == 1
+    assert parse_step("\x1b[31mstep: 12  \x1b[32mloss:  7.1234  \x1b[33mgrad_norm:  1.0") == 12
+    assert parse_step("[2026-12-02T10:00:00.123Z] rank 0/2 node1 step 40/200 loss 0.1234 "
+                      "(restart 0)") == 40
+    # not a step done: an evaluation, a validation pass, the step under way at a crash
+    assert parse_step("\x1b[33mvalidate step: 3  \x1b[32mloss:  2.0000") is None
+    assert parse_step("Validation: iteration 1/20") is None
+    assert parse_step("rank 0/2 node1 step 57: CUDA error on this node's GPU") is None
+    assert parse_step("Epoch 0, global step 9: 'val_loss' reached 1.26396 (best 1.26396)") is None
+
+
+def test_step_counter_keeps_the_last_step_not_the_highest():
+    from recovery_agent.detect.steps import StepCounter
+    counter = StepCounter()
+    counter.feed(100.0, "rank 0/2 node1 step 40/200 loss 0.1 (restart 0)")
+    counter.feed(101.0, "rank 0/2 node1 step 20/200 loss 0.2 (restart 0)")   # restarted
+    counter.feed(102.0, "rank 0/2 node1 step 57: CUDA error on this node's GPU")
+    assert (counter.last, counter.time) == (20, 101.0)
+
+
+def test_steps_lost_per_incident(store):
+    pk = _xid_recovery(store)
+    store.set_attempt_step(pk, 0, 230, T + 249.5)
+    (inc,) = _summary(store, pk)["detail"]
+    assert inc["steps_lost"] == 30 and "steps_lost" not in inc["unknown"]
+    assert _summary(store, pk)["steps_lost"] == 30
+    # a last step dated after the failure (beyond the slack) is not the step at it
+    store.set_attempt_step(pk, 0, 260, T + 290)
+    (inc,) = _summary(store, pk)["detail"]
+    assert inc["steps_lost"] is None
+    assert inc["unknown"]["steps_lost"] == "the last step reported is dated after the failure"
+
+
+def test_steps_lost_unknown_without_a_step_line(store):
+    (inc,) = _summary(store, _xid_recovery(store))["detail"]
+    assert inc["steps_lost"] is None
+    assert inc["unknown"]["steps_lost"] == "the log reported no step (no known step line)"
+    assert _summary(store, 1)["unknown_steps"] == 1
+
+
+def test_the_watch_records_stamped_checkpoints_and_the_last_step(tmp_path):
+    from tests.unit.test_watch import events, job, make
+    out = tmp_path / "job-77.out"
+    out.write_text("[1970-01-01T00:25:00.500Z] rank 0/2 node1 step 20/100 loss 0.5000 (restart 0)\n"
+                   "[1970-01-01T00:25:01.250Z] rank 0/2 node1 checkpoint saved: "
+                   "/ck/step-000020.json step=20\n")
+    clock = [2000.0]
+    watcher, store, sched = make(tmp_path, clock)
+    sched.jobs = [job("RUNNING", str(out))]
+    watcher.cycle()
+    with open(out, "a") as fh:
+        fh.write("[1970-01-01T00:25:03.000Z] rank 0/2 node1 step 30/100 loss 0.4000 "
+                 "(restart 0)\nrank 0/2 node1 step 31: CUDA error on this node's GPU\n")
+    clock[0] += 2
+    watcher.cycle()
+    sched.jobs = [job("FAILED", str(out), exit_code=1)]
+    watcher.cycle()
+    clock[0] += 20
+    watcher.cycle()
+    (saved,) = events(store, "checkpoint")
+    assert saved["data"]["time"] == 1501.25 and saved["data"]["clock"] == "line"
+    (attempt,) = store.attempts(1)
+    assert (attempt["last_step"], attempt["last_step_time"]) == (30, 1503.0)
+
+
+# -- ETTR inside the window ------------------------------------------------------------
+def test_ettr_counts_only_the_part_of_a_job_inside_the_window(store):
+    _xid_recovery(store)
+    g = gather.report(store, CFG, T + 100, T + 400, now=T + 2000)["groups"]["all"]
+    # attempt 0 from +100 to +252, attempt 1 from +290 to +400, the 40 s downtime;
+    # lost: the 50 s since the checkpoint at +200 and the downtime
+    allocated = 8 * (152 + 110 + 40)
+    assert g["ettr"] == pytest.approx((allocated - 8 * 90) / allocated)
+    later = gather.report(store, CFG, T + 260, T + 1000, now=T + 2000)["groups"]["all"]
+    assert later["incidents"] == 0         # the failure is before this window ...
+    allocated = 8 * (310 + 30)             # ... but 30 s of its downtime inside it
+    assert later["ettr"] == pytest.approx((allocated - 8 * 30) / allocated)
+
+
+def test_a_running_attempt_counts_up_to_now(store):
+    pk = _xid_recovery(store)
+    _attempt(store, "4410", 1, T + 290, T + 365 * 86400, "RUNNING", nodes=("node1", "node3"),
+             submit=1001)
+    g = gather.report(store, CFG, T - 10, T + 86400, now=T + 400)["groups"]["all"]
+    allocated = 8 * (252 + 110 + 40)
+    assert g["ettr"] == pytest.approx((allocated - 720) / allocated)
+    assert gather.job_record(store, store.job(pk)).attempts[1].end is None
+
+
+def test_a_stopped_job_has_an_ettr(store):
+    test_no_progress_stop(store)
+    g = gather.report(store, CFG, T - 10, T + 2000, now=T + 3000)["groups"]["all"]
+    # three attempts of 300 s, two waits of 100 s; lost: 200 s of each attempt since
+    # its checkpoint, the two waits; the stopped one waited for nothing
+    allocated, lost = 8 * (900 + 200), 8 * (600 + 200)
+    assert g["ettr"] == pytest.approx((allocated - lost) / allocated)
+
+
+# -- what later history says of our decisions ------------------------------------------
+def _report_node(store, node, at, ok, job=None, attempt=None, hook="health", xids=0):
+    rid = f"{node}-{at}-{hook}"
+    pk = store.add_report({"report_id": rid, "hook": hook, "node": node, "job": job,
+                           "attempt": attempt, "received": at, "gpu_ok": int(ok),
+                           "gpu_count": 4})
+    for n in range(xids):
+        store.add_xid({"report": pk, "node": node, "xid": 79, "fingerprint": f"{rid}-{n}",
+                       "time": at})
+
+
+def test_precision_of_node_blame(store):
+    """node2 (blamed by the XID recovery) fails a health check a minute later:
+    confirmed. node5 (blamed by a monitor-mode decision) passes one: cleared,
+    its own failed attempt's late epilog not counting against it. node7 has
+    no later record: no evidence."""
+    _xid_recovery(store)
+    _report_node(store, "node2", T + 320, ok=False, xids=1)
+    other = _attempt(store, "4430", 0, T, T + 500, "FAILED", nodes=("node5", "node7"))
+    _rec(store, other, 0, "requeue_exclude", "gpu_hardware", T + 500, T + 505, mode="monitor",
+         status="would_have", nodes=("node5", "node7"))
+    _report_node(store, "node5", T + 507, ok=False, job=other, attempt=0, hook="epilog")
+    _report_node(store, "node5", T + 900, ok=True)
+    blame = gather.report(store, CFG, T - 10, T + 1000, now=T + 2000)["blame"]
+    verdicts = {d["node"]: d["verdict"] for d in blame["detail"]}
+    assert verdicts == {"node2": "confirmed", "node5": "cleared", "node7": "no_evidence"}
+    assert (blame["blames"], blame["confirmed"], blame["cleared"], blame["no_evidence"],
+            blame["would_have"]) == (3, 1, 1, 1, 2)
+    assert blame["precision"] == 0.5
+
+
+def test_a_later_jobs_blame_confirms_and_a_completed_job_clears(store):
+    _xid_recovery(store)     # node2 blamed at +255
+    later = _attempt(store, "4431", 0, T + 600, T + 700, "FAILED", nodes=("node2",))
+    store.add_strike("node2", "gpu_hardware", 1.0, later, "bob", ts=T + 705)
+    assert gather.report(store, CFG, T - 10, T + 1000, now=T + 2000)["blame"]["confirmed"] == 1
+    # outside ledger.blame_horizon it is no evidence
+    cfg = from_mapping({"agent": {"cluster": "c1"}, "ledger": {"blame_horizon": "5m"}})
+    assert gather.report(store, cfg, T - 10, T + 1000, now=T + 2000)["blame"]["no_evidence"] == 1
+
+
+def test_a_completed_job_on_the_node_clears_it(store):
+    _xid_recovery(store)
+    _attempt(store, "4432", 0, T + 600, T + 900, "COMPLETED", nodes=("node2",), gpus=0)
+    blame = gather.report(store, CFG, T - 10, T + 1000, now=T + 2000)["blame"]
+    assert blame["cleared"] == 1 and blame["precision"] == 0.0
+    assert blame["detail"][0]["evidence"][0]["kind"] == "job"
+
+
+def _stopped(store, job_id, command="/home/ana/train.sh", at=T + 300) -> int:
+    pk = _attempt(store, job_id, 0, T, T + 290, "FAILED", command=command)
+    _rec(store, pk, 0, "stop", "application", T + 290, at, rule="application")
+    return pk
+
+
+def test_false_stop_evidence(store):
+    """4440 was stopped, resubmitted unchanged as 4441, which completed: a
+    false stop. 4450's resubmission 4451 failed again (each resubmission answers
+    for one stop). 4460's 'resubmission' runs another script: not the same job."""
+    _stopped(store, "4440")
+    _attempt(store, "4441", 0, T + 700, T + 900, "COMPLETED", submit=int(T + 650),
+             command="/home/ana/train.sh")
+    _stopped(store, "4450")
+    _attempt(store, "4451", 0, T + 700, T + 800, "FAILED", submit=int(T + 660),
+             command="/home/ana/train.sh")
+    _stopped(store, "4460", command="/home/ana/other.sh")
+    stops = gather.report(store, CFG, T - 10, T + 1000, now=T + 2000)["false_stops"]
+    by_job = {d["job_id"]: (d["verdict"], d["resubmitted_as"]) for d in stops["detail"]}
+    assert by_job["4440"] == ("ran_fine", "4441")
+    assert by_job["4450"] == ("failed_again", "4451")
+    assert by_job["4460"] == ("not_resubmitted", None)
+    assert (stops["stops"], stops["ran_fine"], stops["failed_again"],
+            stops["not_resubmitted"]) == (3, 1, 1, 1)
+
+
+def test_a_resubmission_too_late_or_by_another_user_is_not_one(store):
+    _stopped(store, "4470")
+    _attempt(store, "4471", 0, T + 99000, T + 99100, "COMPLETED", submit=int(T + 99000),
+             command="/home/ana/train.sh")
+    _attempt(store, "4472", 0, T + 700, T + 800, "COMPLETED", submit=int(T + 700),
+             command="/home/ana/train.sh", user="bob")
+    stops = gather.report(store, CFG, T - 10, T + 1000, now=T + 2000)["false_stops"]
+    assert [d["verdict"] for d in stops["detail"]] == ["not_resubmitted"]
+
+
+def test_hindsight_rules_on_their_own():
+    from recovery_agent.detect.hindsight import (Blame, NodeFact, Stop, SubmittedJob,
+                                                 check_blame, check_stop)
+    blame = Blame(rec=1, node="n1", time=100.0, action="drain_node", category="gpu_hardware",
+                  mode="action")
+    facts = [NodeFact(150.0, "report", False), NodeFact(200.0, "report", True),
+             NodeFact(50.0, "report", True)]            # before the blame: not evidence
+    assert check_blame(blame, facts, 3600).verdict == "confirmed"
+    assert check_blame(blame, facts[:1], 3600).verdict == "cleared"
+    assert check_blame(blame, facts[2:], 3600).verdict == "no_evidence"
+    stopped = SubmittedJob(1, "10", "ana", "train", "", "prod", 0.0, "FAILED")
+    again = SubmittedJob(2, "11", "ana", "train", "/s.sh", "prod", 500.0, "COMPLETED")
+    # Slurm listed no script for the stopped job: name, user and directive decide
+    found = check_stop(Stop(5, 400.0, "action", stopped), [again], 3600)
+    assert found["verdict"] == "ran_fine" and not found["script_compared"]
+    other_spec = SubmittedJob(3, "12", "ana", "train", "", "dev", 500.0, "COMPLETED")
+    assert check_stop(Stop(5, 400.0, "action", stopped), [other_spec], 3600)["verdict"] \
+        == "not_resubmitted"
+
+
+# -- the command line and the API ---------------------------------------------------------
+def test_report_goodput_per_incident_with_steps_lost(store, ctl):
+    pk = _xid_recovery(store)
+    store.set_attempt_step(pk, 0, 230, T + 249)
+    where, until = ctl
+    rows = _run("report", "goodput", "--since", "1d", "--until", until, *where, "--incidents",
+                "-P", "-o", "job,attempt,outcome,steps_lost,work_lost").output.splitlines()
+    assert rows == ["JOB|ATTEMPT|OUTCOME|STEPS_LOST|WORK_LOST", "4410|0|recovered|30|50 s"]
+    text = _run("report", "goodput", "--since", "1d", "--until", until, *where).output
+    assert "node blame: 1 blamed (1 node): 0 confirmed, 0 cleared, 1 without evidence; " \
+           "precision unknown" in text
+    assert "stops: none in the window" in text
+
+
+def _serve(store, tmp_path):
+    """The agent's API on a free port over ``store`` (this process's uid an
+    admin, so that its unsigned local reads see every job)."""
+    import os
+    import threading
+
+    import uvicorn
+
+    from recovery_agent.inputs.ingest import Ingest
+    from recovery_agent.interfaces.api import create_app
+    cfg = from_mapping({"agent": {"cluster": "c1"},
+                        "api": {"auth": "none", "admin_uids": str(os.getuid())}})
+    server = uvicorn.Server(uvicorn.Config(create_app(cfg, Ingest(store, "c1")),
+                                           host="127.0.0.1", port=0, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return server, thread, f"http://127.0.0.1:{port}"
+
+
+def test_show_job_and_report_over_the_api(store, ctl, tmp_path):
+    """Without --db, show job's goodput line and report goodput come from GET
+    /v1/goodput."""
+    _xid_recovery(store)
+    conf = ctl[0][1]
+    server, thread, url = _serve(store, tmp_path)
+    try:
+        out = _run("show", "job", "4410", "--config", conf, "--url", url).output
+        assert "Goodput: 1 incident, 12 GPU-min lost, 8 min saved vs plain Slurm" in out
+        since = datetime.fromtimestamp(T - 100).isoformat(timespec="seconds")
+        data = json.loads(_run("report", "goodput", "--since", since, "--until", ctl[1],
+                               "--config", conf, "--url", url, "--json").output)
+        (inc,) = data["incidents"]
+        assert inc["job_id"] == "4410" and inc["work_lost_s"] == 50
+        assert data["blame"]["blames"] == 1
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_goodput_endpoint_shows_a_user_their_own_jobs(store, monkeypatch):
+    import pwd
+
+    from fastapi.testclient import TestClient
+
+    from recovery_agent.inputs.ingest import Ingest
+    from recovery_agent.interfaces.api import create_app
+    from slurm_hooks import munge
+    owner = pwd.getpwuid(65534).pw_name
+    mine = _attempt(store, "4480", 0, T, T + 252, "FAILED", user=owner)
+    _rec(store, mine, 0, "requeue_exclude", "gpu_hardware", T + 250, T + 255,
+         nodes=("node2",), running_again=T + 290)
+    _xid_recovery(store)                           # ana's job 4410
+    cfg = from_mapping({"agent": {"cluster": "c1"}, "api": {"auth": "munge",
+                                                           "admin_uids": "0"}})
+    client = TestClient(create_app(cfg, Ingest(store, "c1")))
+    uid = {"cred-owner": 65534, "cred-root": 0}
+    monkeypatch.setattr(munge, "verify_body", lambda cred, body, socket="": uid[cred])
+    owner_h, root_h = {"Authorization": "Munge cred-owner"}, {"Authorization": "Munge cred-root"}
+    window = {"since": f"{T - 100:.0f}", "until": f"{T + 1000:.0f}"}
+    seen = client.get("/v1/goodput", params=window, headers=owner_h).json()
+    assert [i["job_id"] for i in seen["incidents"]] == ["4480"]
+    assert [d["job_id"] for d in seen["blame"]["detail"]] == ["4480"]
+    everything = client.get("/v1/goodput", params=window, headers=root_h).json()
+    assert sorted(i["job_id"] for i in everything["incidents"]) == ["4410", "4480"]
+    assert client.get("/v1/goodput", params={"job": "4410"}, headers=owner_h).status_code == 403
+    one = client.get("/v1/goodput", params={"job": "4410"}, headers=root_h).json()
+    assert one["job"] == "4410" and one["summary"]["incidents"] == 1
+    by_user = client.get("/v1/goodput", params={**window, "by": "user"}, headers=root_h).json()
+    assert set(by_user["groups"]) == {"ana", owner}
+    assert client.get("/v1/goodput", params={"by": "colour"}, headers=root_h).status_code == 422
+    assert client.get("/v1/goodput", params={"since": "last week"},
+                      headers=root_h).status_code == 422
+    assert client.get("/v1/goodput", params={"since": "2d"}, headers=root_h).status_code == 200

@@ -251,3 +251,28 @@ def test_head_metrics_answers_as_get_when_the_store_fails(tmp_path, monkeypatch)
     assert client.get("/metrics").status_code == 503
     answer = client.head("/metrics")
     assert answer.status_code == 503 and answer.content == b""
+
+
+def test_the_goodput_ledgers_series(tmp_path, monkeypatch):
+    """The XID recovery of tests/unit/test_ledger.py, half an hour ago: its lost
+    GPU-seconds by category, its incident by outcome, what it saved by mode and
+    ETTR per environment; an environment without jobs reads NaN, and every
+    category is served from 0."""
+    import math
+
+    from tests.unit import test_ledger
+    monkeypatch.setattr(test_ledger, "T", float(int(time.time())) - 1800)
+    cfg, store, client = make(tmp_path)
+    test_ledger._xid_recovery(store)       # env prod, 8 GPUs
+    got = samples(client)
+    assert got[(f"{NAMESPACE}_gpu_seconds_lost_total", (("category", "gpu_hardware"),))] \
+        == 8 * 90
+    assert got[(f"{NAMESPACE}_gpu_seconds_lost_total", (("category", "interconnect"),))] == 0
+    assert got[(f"{NAMESPACE}_incidents_total", (("outcome", "recovered"),))] == 1
+    assert got[(f"{NAMESPACE}_incidents_total", (("outcome", "unknown"),))] == 0
+    assert got[(f"{NAMESPACE}_gpu_seconds_saved_total", (("mode", "action"),))] == 8 * 452
+    assert got[(f"{NAMESPACE}_gpu_seconds_saved_total", (("mode", "monitor"),))] == 0
+    allocated = 8 * (252 + 310 + 40)
+    assert got[(f"{NAMESPACE}_ettr", (("env", "prod"),))] == pytest.approx(
+        (allocated - 720) / allocated)
+    assert math.isnan(got[(f"{NAMESPACE}_ettr", (("env", "dev"),))])

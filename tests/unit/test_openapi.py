@@ -63,7 +63,7 @@ def test_security_schemes_and_each_operations_security():
 
 def test_every_post_documents_its_body():
     posts = [(path, op) for path, method, op in OPERATIONS if method == "post"]
-    assert len(posts) == 7
+    assert len(posts) == 8
     for path, op in posts:
         schema = op["requestBody"]["content"]["application/json"]["schema"]
         assert _resolve(LIVE, schema)["type"] == "object", path
@@ -74,6 +74,10 @@ def test_every_post_documents_its_body():
     assert "detail" in body["properties"]
     for path, field in (("/v1/nodes/{name}/exclude", "reason"),
                         ("/v1/environments/{env}/mode", "mode"),
+                        ("/v1/environments/{env}/mode", "reason"),
+                        ("/v1/environments/{env}/mode/clear", "reason"),
+                        ("/v1/nodes/{name}/include", "reason"),
+                        ("/v1/recommendations/{rec_id}/ack", "reason"),
                         ("/v1/recommendations/{rec_id}/cancel", "reason")):
         schema = LIVE["paths"][path]["post"]["requestBody"]["content"]["application/json"]
         assert field in _resolve(LIVE, schema["schema"])["properties"], path
@@ -100,6 +104,8 @@ STATUS_CODES = {
     ("/v1/nodes/{name}", "get"): {200, 401, 404, 503},
     ("/v1/nodes/{name}/exclude", "post"): {200, 400, 401, 403, 413, 503},
     ("/v1/environments/{env}/mode", "post"): {200, 400, 401, 403, 404, 413, 503},
+    ("/v1/environments/{env}/mode/clear", "post"): {200, 400, 401, 403, 404, 413, 503},
+    ("/v1/audit", "get"): {200, 401, 404, 422, 503},
     ("/v1/recommendations", "get"): {200, 400, 401, 404, 422, 503},
     ("/v1/recommendations/{rec_id}/ack", "post"): {200, 400, 401, 403, 404, 409, 413, 422,
                                                    503},

@@ -81,6 +81,48 @@ def v42(fake, versions=("v0.0.40", "v0.0.41", "v0.0.42")):
         fake.answer(method, path, ok)
 
 
+def test_2411_array_task_update_goes_to_the_tasks_own_job_id(fake, server, tmp_path):
+    """24.11's slurmrestd refuses an update addressed to ``ARRAY_TASK``
+    ("Submit job update against Array Job's JobID", HTTP 422, recorded live):
+    the update goes to the id the task runs under, looked up first."""
+    v42(fake)
+    fake.answer("GET", "/slurm/v0.0.42/job/1_1",
+                Answer(body=recorded("24.11", "rest_job_array_task.json")))
+    fake.answer("POST", "/slurm/v0.0.42/job/1_1",
+                Answer(422, recorded("24.11", "rest_update_array_task_refused.json")))
+    fake.answer("POST", "/slurm/v0.0.42/job/1", Answer(body=as_rest({"errors": []}, "v0.0.42")))
+    sched = rest(server, token_file=token_file(tmp_path))
+    assert sched.lookup_job("1_1").numeric_id == 1
+    sched.set_excluded_nodes("1_1", ["node4"])
+    sched.set_excluded_nodes("1_1", [])
+    sched.release("1_1")
+    posts = [(s.path, s.body) for s in fake.requests("POST")]
+    assert posts == [("/slurm/v0.0.42/job/1", {"excluded_nodes": ["node4"]}),
+                     ("/slurm/v0.0.42/job/1", {"excluded_nodes": ""}),
+                     ("/slurm/v0.0.42/job/1", {"hold": False})]
+
+
+def test_2411_a_resumed_nodes_leftover_reason_reads_as_none(fake, server, tmp_path):
+    """24.11 keeps a drain's reason after state=RESUME (recorded live: the
+    node IDLE, the reason still there): it no longer says why the node is out."""
+    v42(fake)
+    fake.answer("GET", "/slurm/v0.0.42/node/node4",
+                Answer(body=recorded("24.11", "rest_node_resumed_stale_reason.json")))
+    raw = recorded("24.11", "rest_node_resumed_stale_reason.json")["nodes"][0]
+    assert raw["reason"] and raw["state"] == ["IDLE"]
+    node = rest(server, token_file=token_file(tmp_path)).get_node("node4")
+    assert node.state == "IDLE" and not node.drained
+    assert (node.reason, node.reason_user, node.reason_time) == ("", "", None)
+
+
+def test_a_drained_nodes_reason_is_kept():
+    from recovery_agent.scheduler.cli_parse import node_from_json
+    raw = dict(recorded("24.11", "rest_node_resumed_stale_reason.json")["nodes"][0])
+    raw["state"] = ["IDLE", "DRAIN"]
+    node = node_from_json(raw)
+    assert node.drained and node.reason == raw["reason"] and node.reason_user
+
+
 def v45(fake):
     fake.answer("GET", "/openapi/v3", Answer(body=openapi_doc(
         {"v0.0.42": ENDPOINTS_40, "v0.0.43": ENDPOINTS_40, "v0.0.44": ENDPOINTS_40,
@@ -218,7 +260,7 @@ def test_2411_picks_v0042_and_sends_data_parser_fields(fake, server, tmp_path):
     sched.cancel("5")
     posts = [(s.path, s.body) for s in fake.requests("POST")]
     assert posts == [
-        ("/slurm/v0.0.42/job/5", {"excluded_nodes": "node1,node3"}),
+        ("/slurm/v0.0.42/job/5", {"excluded_nodes": ["node1", "node3"]}),
         ("/slurm/v0.0.42/job/5", {"begin_time": 1_700_000_000}),
         ("/slurm/v0.0.42/job/5", {"hold": False}),
         ("/slurm/v0.0.42/node/node3", {"state": ["DRAIN"], "reason": "recovery: xid 79"}),

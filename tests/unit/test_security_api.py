@@ -290,7 +290,8 @@ def served(rig):
 def test_an_unsigned_local_read_is_made_as_the_user_who_connects(rig, served):
     """No token and no munge: a user on the agent's host is still only a user."""
     paths = ["/v1/jobs", "/v1/jobs/42", "/console/job/42", "/console/part/jobs",
-             "/v1/recommendations"]
+             "/v1/recommendations", "/v1/goodput?since=3650d", "/v1/goodput?job=42",
+             "/console/goodput?since=365d"]
     mallory = rig["mallory"]
     seen = json.loads(mallory.run([sys.executable, "-c", READ, served, *paths]).stdout)
     assert [j["job_id"] for j in json.loads(seen["/v1/jobs"][1])["jobs"]] == ["77", "1200_5"]
@@ -299,6 +300,12 @@ def test_an_unsigned_local_read_is_made_as_the_user_who_connects(rig, served):
     assert "/console/job/42'" not in seen["/console/part/jobs"][1]
     recs = json.loads(seen["/v1/recommendations"][1])["recommendations"]
     assert [r["id"] for r in recs] == [rig["mallory_rec"]]
+    # the goodput ledger, too, is of the reader's own jobs
+    ledger = json.loads(seen["/v1/goodput?since=3650d"][1])
+    assert sorted(i["job_id"] for i in ledger["incidents"]) == ["1200_5", "77"]
+    assert seen["/v1/goodput?job=42"][0] == 403
+    assert seen["/console/goodput?since=365d"][0] == 200
+    assert "/console/job/42'" not in seen["/console/goodput?since=365d"][1]
     root = json.loads(subprocess.run([sys.executable, "-c", READ, served, "/v1/jobs"],
                                      capture_output=True, text=True, check=True).stdout)
     assert len(json.loads(root["/v1/jobs"][1])["jobs"]) == 5      # root is an admin

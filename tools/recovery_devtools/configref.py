@@ -220,11 +220,21 @@ _ENVIRONMENTS = """\
 An environment is a named policy; a job names one in its directive
 (`--recovery=prod:action`, see [users.md](users.md)). Names match
 `[A-Za-z0-9_-]{1,64}`. `[environments.default]` always exists; a job naming an
-environment the file does not define gets `default`. Each `[environments.NAME]`
-table starts from the built-in defaults below, not from `[environments.default]`:
-repeat the keys you want in every environment. `recovery-ctl mode NAME MODE`
-overrides `mode` at run time (stored by the agent; it wins over the file until
-changed again).
+environment the file does not define gets `default`.
+
+* **Inheritance.** `[environments.default]` starts from the built-in defaults
+  below. Every other `[environments.NAME]` starts from `[environments.default]`
+  as the file sets it, then the built-in defaults: set a key once in `default`
+  and only what differs in the others. With `default` setting `max_restarts = 5`
+  and `[environments.prod]` setting only `hang = "30m"`, prod has
+  `max_restarts = 5`. `recovery-ctl show config` prints each environment whole;
+  `recovery-ctl check` prints a NOTE (never a failure) for a key set to the value
+  it would inherit from `default` anyway, since such a key no longer follows a
+  later change of `default`.
+* **Run-time mode.** `recovery-ctl mode NAME MODE` overrides `mode` at run time
+  (stored by the agent, audited with who, when and why); it wins over the file
+  until `recovery-ctl mode NAME --clear` gives the file's back. `recovery-ctl
+  show config` says where each environment's mode comes from.
 """
 
 

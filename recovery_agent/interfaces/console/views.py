@@ -14,14 +14,19 @@ from urllib.parse import urlencode
 
 from jinja2 import Environment, PackageLoader
 
-from . import timeline
+from . import charts, timeline
+from ..ledger import window_time
 from ..service import Caller, NotFound, Service, sees_all
 from ...store import STORE_ERRORS, Status
 
 REFRESH_MS = 5000
 PAGE = 100          # jobs per page of the list, unless ?limit= says otherwise
 MAX_PAGE = 500
+CHANGES = 50                  # operator changes on the overview, the newest
+CHANGES_WINDOW = 30 * 86400   # ... of the last 30 days
 FILTERS = ("state", "env", "user", "node", "category", "q")
+WINDOWS = ("7d", "30d", "90d", "365d")   # the goodput page's choices
+WORST_NODES = 10
 LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
         "REQUEUE_HOLD", "RESIZING", "STAGE_OUT", "SIGNALING"}
 BAD = {"FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL"}
@@ -52,7 +57,8 @@ def _environment() -> Environment:
     env = Environment(loader=PackageLoader("recovery_agent.interfaces.console", "templates"),
                       autoescape=True, trim_blocks=True,
                       lstrip_blocks=True)
-    env.filters.update(when=when, state_tag=state_tag, finished=finished,
+    env.filters.update(when=when, state_tag=state_tag, finished=finished, seconds=_duration,
+                       gpu_hours=_gpu_hours,
                        status_tag=lambda s: STATUS_TAGS.get(str(s), "warn"))
     env.globals.update(refresh_ms=REFRESH_MS, lanes=timeline.LANES)
     return env
@@ -209,6 +215,14 @@ class Console:
                 if r.status.is_open or r.status == Status.BLOCKED_BY_BUDGET]
         return self.render("recs.html", recs=rows)
 
+    def changes_part(self, who: Caller | None = None) -> str:
+        """The newest operator changes (the audit trail's), newest first: an
+        admin's every one, a user's those made to their own jobs'
+        recommendations."""
+        rows = self.service.changes(since=self.clock() - CHANGES_WINDOW, who=who,
+                                    limit=CHANGES)
+        return self.render("changes.html", changes=rows[::-1])
+
     def nodes_part(self, who: Caller | None = None) -> str:
         """The same for every reader: no user's jobs in it."""
         return self.render("nodes.html", nodes=self.service.nodes())
@@ -222,6 +236,7 @@ class Console:
         nodes = self.service.nodes()
         return self.page("overview.html", "slurm-recovery console",
                          jobs=self.jobs_part(who, args), recs=self.recs_part(who),
+                         changes=self.changes_part(who),
                          nodes=self.render("nodes.html", nodes=nodes),
                          jobs_part=self.jobs_part_url(who, args),
                          chosen=self.filters(args, who), facets=facets,
@@ -275,3 +290,71 @@ class Console:
                          strikes=strikes, drains=drains, operator=operator,
                          jobs=mine, others=len(ran) - len(mine),
                          commands=node_commands(node, who))
+
+    # -- the goodput ledger -----------------------------------------------------
+    def goodput_page(self, who: Caller | None = None, args: dict | None = None) -> str:
+        """The goodput ledger over a window (``?since=``, one of WINDOWS or any
+        duration back; 30d by default): lost GPU-hours by category over time,
+        MTTR, ETTR per environment, the worst nodes, node blame and stops. A
+        user's page covers their own jobs."""
+        args = args or {}
+        now = self.clock()
+        chosen = str(args.get("since") or "30d").strip()
+        try:
+            since = window_time(chosen, now, "since")
+        except ValueError:
+            since = None
+        if since is None or since >= now:
+            chosen, since = "30d", now - 30 * 86400
+        led = self.service.goodput_overview(since, now, who)
+        return self.page("goodput.html", "goodput", led=led, chosen=chosen, windows=WINDOWS,
+                         mine=not sees_all(who), **goodput_charts(led))
+
+
+def _gpu_hours(value: float | None) -> str:
+    """GPU-hours as the page prints them: two decimals, three figures below 1."""
+    if value is None:
+        return "unknown"
+    return f"{value:.2f}" if abs(value) >= 1 or value == 0 else f"{value:.3g}"
+
+
+def _hours(value: float | None) -> str:
+    return "unknown" if value is None else f"{_gpu_hours(value)} GPU-h"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def goodput_charts(led: dict) -> dict:
+    """The page's charts and tables from one overview (:func:`charts`)."""
+    cats = sorted(led["category"].items(), key=lambda kv: -kv[1]["incidents"])
+    mttr = charts.bars([(cat, g["mttr_median_s"],
+                         f"median {_duration(g['mttr_median_s'])}, p95 "
+                         f"{_duration(g['mttr_p95_s'])} ({g['recovered']} recovered)"
+                         if g["recovered"] else "no recovered incident")
+                        for cat, g in cats])
+    ettr = charts.bars([(env, g["ettr"],
+                         ("unknown" if g["ettr"] is None else f"{g['ettr'] * 100:.1f} %")
+                         + f" ({g['ettr_jobs']} jobs"
+                         + (f", {g['ettr_unknown_jobs']} unknown)" if g["ettr_unknown_jobs"]
+                            else ")"))
+                        for env, g in sorted(led["env"].items())], top=1.0)
+    verdicts: dict[str, dict] = {}
+    for check in led["blame"]["detail"]:
+        mine = verdicts.setdefault(check["node"], {"confirmed": 0, "cleared": 0,
+                                                   "no_evidence": 0})
+        mine[check["verdict"]] += 1
+    ranked = sorted(((node, g) for node, g in led["node"].items() if node != "-"),
+                    key=lambda kv: (-kv[1]["gpu_hours_lost"], -kv[1]["incidents"], kv[0]))
+    worst = [{"node": node, **g, "blame": verdicts.get(node)}
+             for node, g in ranked[:WORST_NODES]]
+    worst_bars = charts.bars([(w["node"], w["gpu_hours_lost"], _hours(w["gpu_hours_lost"])
+                               + f" ({w['incidents']} incident{'' if w['incidents'] == 1 else 's'})")
+                              for w in worst])
+    return {"lost": charts.lost_over_time(led["incidents"], led["since"], led["until"]),
+            "mttr": mttr, "ettr": ettr, "worst": worst, "worst_bars": worst_bars}

@@ -1,5 +1,7 @@
 """The operator's changes: an environment's mode, node exclusions, and the
-claim, completion or withdrawal of a recommendation."""
+claim, completion or withdrawal of a recommendation. Each one that changes
+something is an audit record (who, when, before and after, why); a refused
+one records nothing (the agent's log says who was refused)."""
 from __future__ import annotations
 
 import click
@@ -12,30 +14,50 @@ from .output import _dump, _json_option
 OUTCOMES = ("done", "failed")
 
 
+_reason_option = click.option("--reason", default="",
+                              help="Why (recorded in the audit trail with who and when).")
+
+
 @click.command()
 @click.argument("env")
-@click.argument("mode", type=click.Choice(["monitor", "action", "external"]))
+@click.argument("mode", required=False, type=click.Choice(["monitor", "action", "external"]))
+@click.option("--clear", is_flag=True,
+              help="Give ENV back the config file's mode (undo an earlier `mode ENV MODE`).")
+@_reason_option
 @_config_option
 @_db_option
 @_url_option
 @_json_option
-def mode(env, mode, config_path, db_path, url, as_json) -> None:
-    """Switch an environment's mode (admin): persisted, and audited with who did it.
+def mode(env, mode, clear, reason, config_path, db_path, url, as_json) -> None:
+    """Switch an environment's mode (admin). It is stored, wins over the config
+    file until `--clear`, and is audited with who did it, when and why
+    (`recovery-ctl audit`; `show config` names who set it).
 
     \b
     Example:
-        recovery-ctl mode prod action
+        recovery-ctl mode prod action --reason "two weeks of monitor agreed with on-call"
+        recovery-ctl mode prod --clear
     """
-    answer = Client(config_path, db_path, url, writing=True).change("set_mode", env, mode)
+    if clear == bool(mode):
+        raise click.UsageError("give either MODE or --clear")
+    client = Client(config_path, db_path, url, writing=True)
+    answer = (client.change("clear_mode", env, reason) if clear
+              else client.change("set_mode", env, mode, reason))
     if as_json:
         _dump(answer)
         return
-    click.echo(f"environment {env}: {answer['before']} -> {answer['mode']}")
+    if clear and not answer.get("cleared"):
+        click.echo(f"environment {env}: {answer['mode']} (the config file's already; "
+                   "nothing to clear)")
+        return
+    click.echo(f"environment {env}: {answer['before']} -> {answer['mode']}"
+               + (" (the config file's)" if clear else ""))
 
 
 @click.command()
 @click.argument("nodes")
-@click.option("--reason", required=True, help="Why (recorded in the audit trail).")
+@click.option("--reason", required=True,
+              help="Why (recorded in the audit trail with who and when).")
 @click.option("--force", is_flag=True,
               help="Exclude even a node Slurm does not know, or when Slurm cannot be "
                    "asked (recorded as forced).")
@@ -68,11 +90,12 @@ def exclude(nodes, reason, force, config_path, db_path, url, as_json) -> None:
 
 @click.command()
 @click.argument("nodes")
+@_reason_option
 @_config_option
 @_db_option
 @_url_option
 @_json_option
-def include(nodes, config_path, db_path, url, as_json) -> None:
+def include(nodes, reason, config_path, db_path, url, as_json) -> None:
     """Undo `exclude NODES` (admin; a name or a hostlist).
 
     \b
@@ -84,7 +107,7 @@ def include(nodes, config_path, db_path, url, as_json) -> None:
     client = Client(config_path, db_path, url, writing=True)
     answers = []
     for name in names:
-        answers.append(client.change("include", name))
+        answers.append(client.change("include", name, reason))
         if not as_json:
             click.echo(f"{name}: no longer excluded")
     if as_json:
@@ -93,11 +116,12 @@ def include(nodes, config_path, db_path, url, as_json) -> None:
 
 @click.command()
 @click.argument("rec_id", type=int)
+@_reason_option
 @_config_option
 @_db_option
 @_url_option
 @_json_option
-def ack(rec_id, config_path, db_path, url, as_json) -> None:
+def ack(rec_id, reason, config_path, db_path, url, as_json) -> None:
     """Claim an external-mode recommendation (admin: as a site controller does,
     before it acts on Slurm and reports the outcome with `complete`).
 
@@ -105,7 +129,7 @@ def ack(rec_id, config_path, db_path, url, as_json) -> None:
     Example:
         recovery-ctl ack 17
     """
-    answer = Client(config_path, db_path, url, writing=True).change("ack", rec_id)
+    answer = Client(config_path, db_path, url, writing=True).change("ack", rec_id, reason)
     if as_json:
         _dump(answer)
         return
@@ -116,7 +140,8 @@ def ack(rec_id, config_path, db_path, url, as_json) -> None:
 @click.argument("rec_id", type=int)
 @click.option("--outcome", required=True, type=click.Choice(OUTCOMES),
               help="done: carried out on Slurm; failed: tried and it did not work.")
-@click.option("--detail", default="", help="What was done, or what went wrong (recorded).")
+@click.option("--detail", default="",
+              help="What was done, or what went wrong (recorded; the audit trail's reason).")
 @_config_option
 @_db_option
 @_url_option
@@ -139,7 +164,7 @@ def complete(rec_id, outcome, detail, config_path, db_path, url, as_json) -> Non
 
 @click.command()
 @click.argument("rec_id", type=int)
-@click.option("--reason", default="", help="Why (recorded).")
+@_reason_option
 @_config_option
 @_db_option
 @_url_option

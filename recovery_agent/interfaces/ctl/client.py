@@ -56,7 +56,7 @@ class Client:
         if db_path or (not url and not writing and os.access(path, os.R_OK)):
             try:
                 files.must_exist(path, writable=writing)
-                self.service = Service(self.cfg, Store(path, readonly=readonly))
+                self.service = Service(self.cfg, Store(path, readonly=readonly), via="store")
             except RecoveryError as exc:
                 raise click.ClickException(str(exc)) from None
         elif not url:
@@ -156,21 +156,31 @@ _HTTP = {
     "recommendations": lambda c, status=None, env=None, mode=None, job=None, limit=500:
         c._http("GET", "/v1/recommendations", status=status, env=env, mode=mode, job=job,
                 limit=limit)["recommendations"],
-    "audit": lambda c, since=None, until=None, job=None: [
-        c._http("GET", f"/v1/recommendations/{r['id']}") for r in c._http(
-            "GET", "/v1/recommendations", job=job, limit=10000)["recommendations"][::-1]
-        if (since is None or r["created"] >= since) and (until is None or r["created"] <= until)],
-    "set_mode": lambda c, env, mode: c._http("POST", f"/v1/environments/{env}/mode",
-                                             {"mode": mode}),
+    "audit": lambda c, since=None, until=None, job=None: c._http(
+        "GET", "/v1/audit", since=since, until=until, job=job, limit=100000)["records"],
+    "set_mode": lambda c, env, mode, reason="": c._http(
+        "POST", f"/v1/environments/{env}/mode", {"mode": mode, "reason": reason}),
+    "clear_mode": lambda c, env, reason="": c._http(
+        "POST", f"/v1/environments/{env}/mode/clear", {"reason": reason}),
     "recommendation": lambda c, rec_id: c._http("GET", f"/v1/recommendations/{rec_id}"),
     "exclude": lambda c, name, reason, force=False: c._http(
         "POST", f"/v1/nodes/{name}/exclude", {"reason": reason, "force": force}),
-    "include": lambda c, name: c._http("POST", f"/v1/nodes/{name}/include"),
-    "ack": lambda c, rec_id: c._http("POST", f"/v1/recommendations/{rec_id}/ack"),
+    "include": lambda c, name, reason="": c._http("POST", f"/v1/nodes/{name}/include",
+                                                  {"reason": reason}),
+    "ack": lambda c, rec_id, reason="": c._http("POST", f"/v1/recommendations/{rec_id}/ack",
+                                                {"reason": reason}),
     "complete": lambda c, rec_id, outcome, detail="": c._http(
         "POST", f"/v1/recommendations/{rec_id}/complete",
         {"outcome": outcome, "detail": detail}),
+    "goodput": lambda c, since=None, until=None, by=None: c._http(
+        "GET", "/v1/goodput", since=_unix(since), until=_unix(until), by=by),
+    "job_goodput": lambda c, job_id: c._http("GET", "/v1/goodput", job=job_id)["summary"],
     "cancel": lambda c, rec_id, reason="": c._http("POST",
                                                    f"/v1/recommendations/{rec_id}/cancel",
                                                    {"reason": reason}),
 }
+
+
+def _unix(when: float | None) -> str | None:
+    """A time as the API's window bounds take it (Unix seconds, to the ms)."""
+    return None if when is None else f"{max(when, 0.0):.3f}"

@@ -123,7 +123,9 @@ def check(config_path, sources, as_json) -> None:
     """Is this installation ready? Checks the config, the store, Slurm, the hooks
     in slurm.conf, the SPANK plugin in plugstack, munge, the agent, the pattern
     packs and the state dir, with one PASS/FAIL line each. Exits 1 on any FAIL
-    (WARN lines are optional parts).
+    (WARN lines are optional parts). NOTE lines are not checks: an
+    [environments.NAME] key set to the value it inherits from
+    [environments.default] anyway.
 
     With --sources, checks each configured external source instead
     (sources.prometheus_url, loki_url, victorialogs_url): it answers, holds
@@ -158,8 +160,9 @@ def check(config_path, sources, as_json) -> None:
         for r in results:
             click.echo(f"{r.word}  {r.name:<{width}}  {r.detail}")
     failed = [r for r in results if r.word == "FAIL"]
+    checks = [r for r in results if not r.note]
     if not as_json:
-        click.echo(f"{len(results) - len(failed)} of {len(results)} checks passed"
+        click.echo(f"{len(checks) - len(failed)} of {len(checks)} checks passed"
                    + (f"; failed: {', '.join(r.name for r in failed)}" if failed else ""))
     if failed:
         raise SystemExit(1)

@@ -103,8 +103,10 @@ def show_job(job_id: str, config_path, db_path, url, as_json: bool) -> None:
                 f"Mode={row.get('effective_mode') or row['mode'] or '-'} "
                 f"State={row['state']} "
                 f"Restarts={row['restart_count']}", bold=True)
-    if client.service is not None:
+    try:
         click.echo(f"  Goodput: {summary_line(client.call('job_goodput', job_id))}")
+    except click.ClickException as exc:   # an agent without the ledger: the rest still shows
+        click.echo(f"  Goodput: not available ({exc.message})")
     for a in detail["attempts"]:
         click.echo(f"  Attempt={a['attempt']} State={a['state'] or '-'} "
                    f"Nodes={','.join(a['nodes']) or '-'} Checkpoint={a['ckpt_path'] or '-'}")
@@ -299,21 +301,36 @@ def show_recommendation(rec_id, config_path, db_path, url, as_json) -> None:
 @_json_option
 def show_config(config_path, db_path, url, as_json) -> None:
     """The effective config (file, then RECOVERY_* variables), and each
-    environment's mode as changed at run time.
+    environment's mode in effect with where it comes from: the config file, or
+    an operator's `recovery-ctl mode` (who, when, why; `mode ENV --clear`
+    gives the file's back). Each [environments.NAME] is shown whole, with what
+    it inherits from [environments.default].
 
     \b
     Example:
         recovery-ctl show config --json | jq .policy
+        recovery-ctl show config --json | jq '.environments.prod.mode_source'
     """
     client = Client(config_path, db_path, url, readonly=True)
     data = {k: v for k, v in asdict(client.cfg).items() if k != "environments"}
     data["environments"] = {n: asdict(e) for n, e in client.cfg.environments.items()}
     try:
         modes = client.call("environments")
-    except click.ClickException:
-        modes = {}
-    for name, info in modes.items():
-        data["environments"].setdefault(name, {})["mode"] = info["mode"]
+    except click.ClickException as exc:
+        modes, unknown = {}, str(exc)
+    else:
+        unknown = ""
+    for name, env in data["environments"].items():
+        info = modes.get(name)
+        if info is None:   # the agent's state cannot be read: the file's, as far as known
+            env["mode_source"] = {"source": "unknown", "file_mode": env["mode"],
+                                  "why": unknown or "not known to the agent"}
+            continue
+        env["mode"] = info["mode"]
+        env["mode_source"] = {"source": info.get("source", "file"),
+                              "file_mode": info.get("configured", env["mode"]),
+                              **{k: info.get(k) for k in ("set_by", "set_uid", "set_at",
+                                                          "reason")}}
     if as_json:
         _dump(data)
         return
@@ -324,9 +341,25 @@ def show_config(config_path, db_path, url, as_json) -> None:
         if section == "environments":
             for name, env in values.items():
                 click.echo(f"[environments.{name}]")
+                source = env.pop("mode_source")
                 for key, value in env.items():
-                    click.echo(f"{key} = {json.dumps(value)}")
+                    note = f"  # {_mode_source(source)}" if key == "mode" else ""
+                    click.echo(f"{key} = {json.dumps(value)}{note}")
             continue
         click.echo(f"[{section}]")
         for key, value in values.items():
             click.echo(f"{key} = {json.dumps(value)}")
+
+
+def _mode_source(source: dict) -> str:
+    """Where an environment's mode comes from, as a comment on its line."""
+    if source["source"] == "file":
+        return "from the config file"
+    if source["source"] == "unknown":
+        return f"the config file's; run-time changes unknown here ({source['why']})"
+    who = (f"{source['set_by']} (uid {source['set_uid']})" if source.get("set_by")
+           else "an operator")
+    when = f" at {_when(source['set_at'])}" if source.get("set_at") else ""
+    why = f": {source['reason']}" if source.get("reason") else ""
+    return (f"set by {who}{when}{why}; the config file says {json.dumps(source['file_mode'])} "
+            "(recovery-ctl mode ENV --clear)")

@@ -325,8 +325,9 @@ def agent_toml(spec: ClusterSpec, lay: Layout) -> str:
         "max_drains_per_hour = 4", "max_drained_percent = 50.0",
         "[environments.default]", 'mode = "monitor"',
         # the demo's environment acts; a job can still lower it with :monitor
-        "[environments.demo]", 'mode = "action"', "max_restarts = 3",
-        "[environments.act]", 'mode = "action"', "max_restarts = 3",
+        # both inherit the rest of default (max_restarts = 3 ...)
+        "[environments.demo]", 'mode = "action"',
+        "[environments.act]", 'mode = "action"',
     ]) + "\n"
 
 
