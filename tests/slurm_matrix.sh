@@ -161,6 +161,11 @@ trap cleanup EXIT
 tar -C "$root" -xf "$base"
 [ ! -f "$venv_tar" ] || tar -C "$root" -xf "$venv_tar"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# slurmrestd runs as nobody; sid's minbase leaves that user to nss-systemd, which
+# it lacks ("fatal: Unable to resolve user: nobody")
+grep -q '^nobody:' "$root/etc/passwd" ||
+    echo 'nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin' >>"$root/etc/passwd"
+grep -q ':65534:' "$root/etc/group" || echo 'nogroup:x:65534:' >>"$root/etc/group"
 # the host's name must resolve in there too: 24.11's slurmctld looks up the
 # client's host to answer an RPC (an unresolvable one: "Unexpected message received")
 cp /etc/hosts "$root/etc/hosts"
