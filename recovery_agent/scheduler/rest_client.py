@@ -289,11 +289,14 @@ class RestClient:
             raise SchedulerError(f"{where} (not authenticated as {self.user!r}: check the "
                                  f"token and AuthAltTypes=auth/jwt)", argv=call,
                                  returncode=status, stderr=text[:300])
-        if status == 404:
+        doc = _json_object(text, ctype)
+        # 404 is no such endpoint, unless Slurm says why in the body: 26.05
+        # answers a requeue of an unknown job with 404 and "Invalid job id
+        # specified" (seen live), which is the job's error, not the endpoint's
+        if status == 404 and not (doc is not None and slurm_errors(doc)):
             raise SchedulerError(f"{where} (no such endpoint: not an OpenAPI version this "
                                  f"slurmrestd serves?)", argv=call, returncode=status,
                                  stderr=text[:300])
-        doc = _json_object(text, ctype)
         if doc is None:
             kind = "an HTML page" if text.lstrip()[:1] == "<" else (
                 "an empty body" if not text.strip() else "a body that is not a JSON object "

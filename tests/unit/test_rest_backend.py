@@ -134,6 +134,19 @@ def v45(fake):
     fake.answer("POST", "/slurm/v0.0.45/job/7", Answer(body=as_rest({"errors": []}, "v0.0.45")))
 
 
+def test_2605_a_404_that_names_the_job_is_job_not_found(fake, server, tmp_path):
+    """26.05 answers a requeue of an unknown job with HTTP 404 and Slurm's
+    "Invalid job id specified" in a JSON body (recorded live): the job's error,
+    not a missing endpoint. A 404 without Slurm's word stays an endpoint error."""
+    v45(fake)
+    fake.answer("GET", "/slurm/v0.0.45/job/987654/requeue",
+                Answer(404, recorded("26.05", "rest_requeue_unknown_job.json")))
+    sched = rest(server, token_file=token_file(tmp_path))
+    with pytest.raises(JobNotFound) as info:
+        sched.requeue_hold("987654")
+    assert info.value.returncode == 404 and "Invalid job id" in str(info.value)
+
+
 def rest(url, runner=None, **kw) -> RestScheduler:
     settings = RestSettings(url=url, **{"user": "slurm-recovery", "timeout": 5.0, **kw})
     sched = RestScheduler(settings, runner or SlurmRunner(bin_dir="/nonexistent"),

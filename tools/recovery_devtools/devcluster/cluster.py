@@ -249,7 +249,9 @@ class DevCluster:
         if os.getuid() == 0:
             user = pwd.getpwnam(REST_USER)
             os.chown(lay.rest_socket.parent, user.pw_uid, user.pw_gid)
-            drop = ["-u", REST_USER]
+            # by number: 26.05's slurmrestd refuses the name "nobody" itself
+            # (Slurm's SLURM_AUTH_NOBODY_NAME: "Unable to resolve user: nobody")
+            drop = ["-u", str(user.pw_uid), "-g", str(user.pw_gid)]
             _reachable_by_others(lay.root)
         else:
             env["SLURMRESTD_SECURITY"] = "disable_user_check"
