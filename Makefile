@@ -42,6 +42,7 @@ help:
 	@echo "make uninstall  remove what make install added (keeps a changed config and the store)"
 	@echo "make deb    dist/slurm-recovery_<version>_<arch>.deb for apt install"
 	@echo "make install-test  the .deb in a debootstrap chroot of Debian 12 (root, a few minutes)"
+	@echo "make bench-slurm [SLURM=...]  the recovery benchmark on 22.05, 24.11 and 26.05"
 	@echo "make test-slurm [SLURM=24.11|26.05|22.05] [SUITES=contract recovery ...]  the live"
 	@echo "            suites on another Slurm, in a debootstrap chroot (root; docs/slurm-versions.md)"
 
@@ -97,7 +98,8 @@ bench: deps build
 	$(BIN)/python -m tests.benchmarks.bench_hooks --out docs/benchmarks-hooks.md
 	$(BIN)/python -m tests.benchmarks.bench_scanner | tee docs/benchmarks-scanner.md
 	$(BIN)/python -m tests.benchmarks.bench_tail --out docs/benchmarks-tail.md
-	$(BIN)/python -m tests.benchmarks.bench_recovery --out docs/benchmarks-recovery.md
+	$(BIN)/python -m tests.benchmarks.bench_recovery --out docs/benchmarks-recovery.md \
+	  --json build/bench-recovery.json
 	$(BIN)/python -m tests.benchmarks.bench_scale --out docs/benchmarks-scale.md
 	$(BIN)/python -m tests.benchmarks.bench_burst --out docs/benchmarks-burst.md
 	$(BIN)/python -m tests.benchmarks.summary | tee docs/benchmarks.md
@@ -189,6 +191,29 @@ SLURM_MATRIX       ?= 22.05 24.11 26.05
 SUITES             ?= contract recovery spank hooks faults rest-loop
 SLURM_CHROOT_CACHE ?= $(CURDIR)/build/slurm-chroots
 SLURM_MATRIX_PORT  ?= 27817
+
+# make bench-slurm [SLURM=...]: the recovery benchmark on each release (9 cases, no
+# baseline), into the per-release table of docs/benchmarks-recovery.md
+.PHONY: bench-slurm
+bench-slurm: deps build
+	@mkdir -p build
+	@for v in $(or $(SLURM),$(SLURM_MATRIX)); do \
+	  if [ $$v = 22.05 ]; then \
+	    RECOVERY_BENCH_PORT=$(SLURM_MATRIX_PORT) $(BIN)/python -m tests.benchmarks.bench_recovery \
+	      --cases 9 --baseline 0 --json build/bench-$$v.json || exit 1; \
+	  else \
+	    $(SUDO) env SLURM_CHROOT_CACHE='$(SLURM_CHROOT_CACHE)' SLURM_MATRIX_PORT='$(SLURM_MATRIX_PORT)' \
+	      bash tests/slurm_matrix.sh $$v --run "cd /src && RECOVERY_BENCH_PORT=$(SLURM_MATRIX_PORT) \
+	      python -m tests.benchmarks.bench_recovery --cases 9 --baseline 0 \
+	      --json /src/build/bench-$$v.json" || exit 1; \
+	  fi; \
+	  $(BIN)/python -m tests.benchmarks.bench_recovery --add-version $$v build/bench-$$v.json; \
+	done
+	@if [ -f build/bench-recovery.json ]; then \
+	  $(BIN)/python -m tests.benchmarks.bench_recovery --report-from build/bench-recovery.json \
+	    --out docs/benchmarks-recovery.md >/dev/null; \
+	  echo "docs/benchmarks-recovery.md: the per-release table updated"; \
+	else echo "docs/benchmarks-recovery-versions.json updated; make bench writes the page"; fi
 
 .PHONY: test-slurm
 test-slurm: deps build

@@ -247,6 +247,58 @@ def stats(values: list[float]) -> tuple[float, float]:
     return statistics.median(values), p95
 
 
+VERSIONS = REPO / "docs" / "benchmarks-recovery-versions.json"
+SLURM_VERSIONS_NOTE = (
+    "The same benchmark on each Slurm release the live matrix runs (`make bench-slurm`: "
+    "22.05 on this host, 24.11 and 26.05 in their chroots, docs/slurm-versions.md), "
+    "with no baseline; each row is its own run. Plain Slurm's own requeue waits "
+    "`AuthInfo=cred_expire` + 1 s (121 s by default) on all three. No release here "
+    "offers a faster requeue that keeps an exclusion: 25.11 added "
+    "`SchedulerParameters=requeue_delay=N` (a site-wide change of that wait, which "
+    "StartTime=now already skips) and `sbatch --requeue=expedited` with "
+    "`SlurmctldParameters=enable_expedited_requeue` (set at submission; Slurm "
+    "requeues the failed job itself at top priority on the nodes it had, the opposite "
+    "of leaving a bad node out). So the path stays requeue-hold, exclude, StartTime=now, "
+    "release on every version, and the start waits two whole seconds after the "
+    "requeue's second (a slurmd refused a sooner relaunch on 24.11: "
+    "docs/slurm-versions.md).")
+
+
+def versions_section(path: Path = VERSIONS) -> list[str]:
+    """The per-release table, from what ``--add-version`` recorded."""
+    try:
+        runs = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    lines = ["", "## Per Slurm release (issue 18)", "", SLURM_VERSIONS_NOTE, "",
+             "| Slurm | cases | recovered | failure → running again median s (xid / nccl / "
+             "hang) | detection → action done median s | measured |", "|---|---|---|---|---|---|"]
+    for run in sorted(runs, key=lambda r: [int(p) for p in r["version"].split(".")]):
+        lines.append(f"| {run['version']} | {run['cases']} | {run['recovered']} | "
+                     f"{run['xid']:.2f} / {run['nccl']:.2f} / {run['hang']:.2f} | "
+                     f"{run['action']:.2f} | {run['date']} |")
+    return lines
+
+
+def add_version(version: str, raw: Path, path: Path = VERSIONS) -> dict:
+    """Record one release's run (a ``--json`` file) in the per-release table."""
+    ours = json.loads(raw.read_text())["ours"]
+    ok = [r for r in ours if r.get("recovered")]
+
+    def med(kind: str, key: str = "running_again_s") -> float:
+        return stats([r[key] for r in ok if kind == "all" or r["kind"] == kind])[0]
+
+    run = {"version": version, "cases": len(ours), "recovered": len(ok), "xid": med("xid"),
+           "nccl": med("nccl"), "hang": med("hang"), "action": med("all", "action_s"),
+           "date": time.strftime("%Y-%m-%d", time.gmtime(raw.stat().st_mtime))}
+    try:
+        runs = [r for r in json.loads(path.read_text()) if r["version"] != version]
+    except (OSError, ValueError):
+        runs = []
+    path.write_text(json.dumps(runs + [run], indent=1) + "\n")
+    return run
+
+
 def report(ours: list[dict], plain: list[dict], cap: float) -> str:
     lines = ["## Recovery (issue 5)", "",
              f"{len(ours)} injected failures on a 4-node dev cluster, one at a time, "
@@ -291,6 +343,7 @@ def report(ours: list[dict], plain: list[dict], cap: float) -> str:
         lines += ["", "Cases slurm-recovery did not recover: "
                   + "; ".join(f"{r['kind']} job {r['job']}: {r.get('error', r.get('action'))}"
                               for r in failed)]
+    lines += versions_section()
     return "\n".join(lines) + "\n"
 
 
@@ -303,9 +356,15 @@ def main() -> None:
                         help="give a baseline case up after this many seconds")
     parser.add_argument("--out", type=Path, default=None, help="also write Markdown here")
     parser.add_argument("--json", type=Path, default=None, help="raw per-case results")
+    parser.add_argument("--add-version", nargs=2, metavar=("SLURM", "JSON"), default=None,
+                        help="record a --json run made on Slurm SLURM in the per-release "
+                        "table (docs/benchmarks-recovery-versions.json), then stop")
     parser.add_argument("--report-from", type=Path, default=None, metavar="JSON",
                         help="only print the report of an earlier run's --json file")
     args = parser.parse_args()
+    if args.add_version:
+        print(add_version(args.add_version[0], Path(args.add_version[1])))
+        return
     if args.report_from:
         data = json.loads(args.report_from.read_text())
         text = report(data["ours"], data["plain"], args.cap)
