@@ -216,7 +216,8 @@ def test_a_job_submitted_inside_an_opted_in_job_is_not_opted_in_by_it(cluster, h
     inner = (f"sbatch --parsable --mem=50 --chdir={jobs} -o {jobs}/inner-%j.out "
              f"--wrap '{SHOW_ENV}'")
     script = (f"{inner} > {jobs}/inner-plain.id 2> {jobs}/inner-plain.err\n"
-              f"{inner} --recovery=lab:monitor > {jobs}/inner-own.id\n")
+              f"{inner} --recovery=lab:monitor > {jobs}/inner-own.id\n"
+              f"salloc --no-shell -N1 --mem=50 -t 1 > {jobs}/inner-salloc.err 2>&1\n")
     done = sbatch(cluster, "--recovery=prod:action", "-o", "/dev/null", script=script)
     assert done.returncode == 0, done.stderr
     nesting = done.stdout.strip().split(";")[0]
@@ -229,6 +230,21 @@ def test_a_job_submitted_inside_an_opted_in_job_is_not_opted_in_by_it(cluster, h
     assert not (hooks_dir / f"prolog-{plain}").exists()   # the fast path: not opted in
     said = (jobs / "inner-plain.err").read_text()
     assert f"job {nesting}'s --recovery is not passed on to this job" in said, said
+    # salloc too: its allocation is not opted in, and salloc says so
+    said = wait_for(lambda: "Granted job allocation" in (text := _read(jobs / "inner-salloc.err"))
+                    and text, 30, "the inner salloc's allocation")
+    allocated = said.split("Granted job allocation ")[1].split()[0]
+    try:
+        assert f"job {nesting}'s --recovery is not passed on to this job" in said, said
+        wait_for(lambda: "JobState=RUNNING" in slurm(cluster, "scontrol", "show", "job",
+                                                     allocated).stdout, 30, "it running")
+        assert not (hooks_dir / f"prolog-{allocated}").exists()
+    finally:
+        slurm(cluster, "scancel", allocated)
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 def test_job_without_recovery_runs_normally(cluster, hooks_dir):
