@@ -99,7 +99,8 @@ def uncounted_after_verdict(store: "Store", limit: int = 100) -> list[dict]:
     been counted yet, oldest first."""
     rows = store.db["node_reports"].rows_where(
         "after_verdict = 1 and counted_at is null",
-        select="id, report_id, hook, node, job, attempt, created, received, spooled_at",
+        select="id, report_id, hook, node, job, attempt, created, received, spooled_at, "
+               "run_start",
         order_by="id", limit=limit)
     return list(rows)
 

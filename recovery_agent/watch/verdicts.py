@@ -77,7 +77,9 @@ class Verdicts:
         if run_start is None:
             return ()
         self._needs_verdict(job_pk, attempt, run_start)   # the store's verdicts, once
-        return tuple(sorted(r for r in self._judged.get((job_pk, attempt), ())
+        ended = {w.run_start for w, _, _ in self.closing
+                 if w.job_pk == job_pk and w.attempt == attempt}   # verdicts on their way
+        return tuple(sorted(r for r in self._judged.get((job_pk, attempt), set()) | ended
                             if r is not None and r != run_start))
 
     def _close_attempts(self, now: float) -> None:
@@ -347,8 +349,10 @@ class Verdicts:
                 report_rows.mark_counted(self.store, row["id"], now)
 
     def _late_fatal(self, row: dict) -> list[int]:
-        """The fatal XIDs of a stored report logged during its attempt."""
-        started = report_rows.attempt_start(self.store, row["job"], row["attempt"])
+        """The fatal XIDs of a stored report logged during its attempt (its own
+        run of it, where the report names the run)."""
+        started = row.get("run_start") or report_rows.attempt_start(self.store, row["job"],
+                                                                     row["attempt"])
         found = []
         for x in report_rows.report_xids(self.store, row["id"]):
             if not kmsg.is_fatal({k: x[k] for k in ("xid", "kind", "message")}):

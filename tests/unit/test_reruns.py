@@ -153,6 +153,35 @@ def test_a_run_never_seen_ending_is_recorded_and_the_new_run_followed(loop, tmp_
     assert watcher.watches[1].run_start == again.run_start
 
 
+def test_a_run_again_while_the_last_run_awaits_its_verdict(loop, tmp_path):
+    """slurmctld begins the attempt again while the ended run still waits for
+    its epilog reports: the new run knows the earlier one, and both failures
+    are decided once each."""
+    watcher, store, sched, clock = loop
+    out = tmp_path / "rerun-61.out"
+    out.write_text("")
+    sched.jobs = [listing("02_running_first", out)]
+    run(watcher, clock, 2)
+    with open(out, "a") as fh:
+        fh.write(TRACEBACK)
+    sched.jobs = [listing("03_failed_first", out)]
+    run(watcher, clock)
+    assert watcher.closing                               # the first run's verdict waits
+    again = listing("05_running_again", out)
+    sched.jobs = [again]
+    run(watcher, clock)
+    first = listing("03_failed_first", out)
+    assert watcher.watches[1].earlier_runs == (first.start_time,)
+    assert [e["kind"] for e in store.timeline(1)].count("ran_again") == 1
+    run(watcher, clock, 10)
+    with open(out, "a") as fh:
+        fh.write(TRACEBACK)
+    sched.jobs = [listing("06_failed_again", out)]
+    run(watcher, clock, 12)
+    recs = [r for r in store.recommendations() if r.scope == "job"]
+    assert [r.run_start for r in recs] == [first.start_time, again.start_time]
+
+
 def test_one_decision_per_run_is_all_the_store_takes(tmp_path):
     with Store(tmp_path / "r.db") as store:
         pk = store.record_job(Job(job_id="60", numeric_id=60, state="FAILED", submit_time=5),
