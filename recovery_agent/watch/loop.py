@@ -21,7 +21,7 @@ from ..store import STORE_ERRORS, Store, same_job
 from .attempt import AttemptLines, AttemptWatch
 from .feed import SourceFeed
 from .running import RunningChecks
-from .verdicts import Verdicts
+from .verdicts import Verdicts, shows_run
 
 log = logging.getLogger("recovery_agent.watch")   # one logger for the loop, as before its split
 SEEN_FLUSH_EVERY = 60.0  # unchanged jobs' last_seen is written this often
@@ -248,11 +248,9 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
     def _follow(self, row: dict, job: Job, now: float) -> None:
         """Start, renew or end the watch of one listed job."""
         watch = self.watches.get(row["id"])
-        if watch is not None and watch.attempt != job.restart_count:
-            self._finish(watch, now, job)  # requeued: that attempt is over
-            watch = None
-        elif watch is not None and not self._same_run(watch, job):
-            self._finish(watch, now, job)  # run again at the same count: that run is over
+        if watch is not None and not shows_run(job, watch):
+            # requeued, or run again at the same restart count: that run is over
+            self._finish(watch, now, job)
             watch = None
         if job.is_finished:
             if watch:
@@ -264,14 +262,6 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
             return
         if job.state == "RUNNING" and watch is None:
             self._start(row, job, now)
-
-    @staticmethod
-    def _same_run(watch, job: Job) -> bool:
-        """Whether the listing shows the watched run of its attempt (a pending
-        listing shows no run; a start time other than the watch's is a run
-        slurmctld began again at the same restart count)."""
-        listed = job.run_start
-        return not (listed and watch.run_start and listed != watch.run_start)
 
     def _end(self, job_pk: int, state: str) -> None:
         watch = self.watches.get(job_pk)

@@ -37,13 +37,15 @@ NODE_MAP_TTL = 300.0  # how long a listing of the nodes' addresses is reused
 NO_WAIT_STATES = frozenset({"NODE_FAIL", "COMPLETED", "CANCELLED", "PREEMPTED"})
 
 
-def _shows_run(job: Job, watch: AttemptWatch) -> bool:
+def shows_run(job: Job, watch: AttemptWatch) -> bool:
     """Whether Slurm still shows the watched run: the same restart count, and
-    not a later run of that attempt (one Slurm started at another time)."""
+    not another run of that attempt (one Slurm started at another time: a
+    pending listing shows no run)."""
     if job.restart_count != watch.attempt:
         return False
     listed = job.run_start
     return not (listed and watch.run_start and listed != watch.run_start)
+
 
 class Verdicts:
     """The watcher's part that judges ended attempts (a part of
@@ -159,7 +161,7 @@ class Verdicts:
         in a state policy never acts on; or the node reports in already blame a
         node by a fatal XID."""
         if self.cfg.agent.node_report_wait <= EPILOG_GRACE or job is None \
-                or not _shows_run(job, watch) or job.state in NO_WAIT_STATES:
+                or not shows_run(job, watch) or job.state in NO_WAIT_STATES:
             return ()
         prologs = report_rows.nodes_reporting(self.store, watch.job_pk, watch.attempt,
                                               "prolog", watch.run_start, watch.earlier_runs)
@@ -247,7 +249,7 @@ class Verdicts:
                  watch.attempt, verdict.blame, verdict.action, ",".join(verdict.nodes))
         # decide only while Slurm still shows this run: one requeued by someone
         # else, run again by slurmctld, or gone is recorded, not acted on
-        if self.decider is not None and job is not None and _shows_run(job, watch):
+        if self.decider is not None and job is not None and shows_run(job, watch):
             self._decide(watch, job, verdict, "ended", all_detections(watch.found, context),
                          event)
         else:

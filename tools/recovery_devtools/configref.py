@@ -207,8 +207,9 @@ the job start path light. It fails open: a missing file gives the defaults, and
 an unknown key or a bad value is logged in the hook log and replaced by its
 default, never fatal. The agent and `recovery-ctl check` validate the same
 section strictly. The `RECOVERY_HOOKS_*` variables below apply to the hooks as
-to the agent (set them in the hook wrappers). `{node}` in a path is replaced by the node's name (e.g.
-`spool_dir = "/var/spool/slurm-recovery/{node}"` on a shared file system).
+to the agent (set them in the hook wrappers). `{node}` in a path is replaced by
+the node's name (e.g. `spool_dir = "/var/spool/slurm-recovery/{node}"` on a
+shared file system).
 """,
     "sources": """\
 External stores (Prometheus/VictoriaMetrics with DCGM-exporter series, Grafana
