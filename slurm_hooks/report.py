@@ -34,6 +34,7 @@ def job_identity(environ: Mapping[str, str]) -> dict:
     else:
         printable, array_job, task = job_id, None, None
     raw, source = spec.from_environ(environ)
+    start = environ.get("SLURM_JOB_START_TIME", "")   # 24.11 and later
     return {
         "job_id": printable, "numeric_id": int(job_id) if job_id.isdigit() else None,
         "array_job_id": int(array_job) if array_job else None,
@@ -44,6 +45,7 @@ def job_identity(environ: Mapping[str, str]) -> dict:
         "partition": environ.get("SLURM_JOB_PARTITION", ""),
         "nodes": environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", ""),
         "spec": raw or "", "spec_source": source,
+        "start_time": int(start) if start.isdigit() else None,
     }
 
 
@@ -89,16 +91,22 @@ def _start_marker(spool: Path, job: dict) -> Path:
     return spool / "jobs" / f"{job['job_id']}.{job['attempt']}.start"
 
 
+def _noted_start(spool: Path, job: dict) -> float | None:
+    """When this node's prolog noted the attempt's start (see :func:`_note_start`)."""
+    try:
+        return float(_start_marker(spool, job).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def _job_window(hook: str, cfg: settings.Settings, spool: Path, job: dict | None, now: float) -> float | None:
     """Since when to collect XIDs: boot-long for the prolog's preflight, the
     job's start (noted by the prolog) for the epilog, a recent window otherwise."""
     if hook == "prolog":
         return None if cfg.preflight != "off" else now - cfg.xid_window
     if hook == "epilog" and job:
-        try:
-            return float(_start_marker(spool, job).read_text().strip())
-        except (OSError, ValueError):
-            return now - cfg.xid_window
+        noted = _noted_start(spool, job)
+        return noted if noted is not None else now - cfg.xid_window
     return now - cfg.xid_window
 
 
@@ -106,6 +114,10 @@ def build_report(hook: str, cfg: settings.Settings, environ: Mapping[str, str], 
                  spool: Path) -> dict:
     now = time.time()
     job = job_identity(environ) if hook != "health" else None
+    if job is not None:
+        # which run of the attempt this is, as this node saw it start: slurmctld
+        # may run an attempt again at the same restart count
+        job["started"] = now if hook == "prolog" else _noted_start(spool, job)
     snapshot = gpu.snapshot(node_path(cfg.nvml_library, node),
                             node_path(cfg.gpu_state_file, node))
     since = _job_window(hook, cfg, spool, job, now)

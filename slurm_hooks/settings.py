@@ -6,13 +6,16 @@ they read their one section here, with the same defaults (a unit test compares
 them with ``recovery_agent.config.HooksConfig``), and fail open: a value of the
 wrong type is logged and replaced by its default, never fatal. The agent and
 ``recovery-ctl check`` validate the same file strictly.
+
+``RECOVERY_HOOKS_<KEY>`` variables override the file by the rule the agent
+applies too (:mod:`slurm_hooks.overrides`); one the rule cannot read is logged
+and the file's value stays.
 """
 from __future__ import annotations
 
 import os
-import re
 
-from . import durations
+from . import overrides
 
 DEFAULT_PATH = "/etc/slurm-recovery/recovery.toml"
 DEFAULTS: dict[str, object] = {
@@ -30,8 +33,6 @@ DEFAULTS: dict[str, object] = {
 }
 DURATIONS = frozenset({"timeout", "xid_window"})
 CHOICES = {"preflight": ("off", "report", "enforce")}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 
 class Settings:
@@ -49,11 +50,7 @@ def _duration(value: object) -> float | None:
         return None
     if isinstance(value, (int, float)):
         return float(value) if value >= 0 else None
-    match = _DURATION.match(str(value))
-    if match:
-        return float(match.group(1)) * _UNITS[match.group(2)]
-    whole = durations.seconds(str(value).strip())   # 1h30m, 01:30:00, 2-00
-    return None if whole is None else float(whole)
+    return overrides.duration_seconds(str(value))   # 90s, 500ms, 1h30m, 01:30:00, 2-00
 
 
 def _coerce(key: str, value: object) -> object | None:
@@ -68,19 +65,28 @@ def _coerce(key: str, value: object) -> object | None:
     return None
 
 
-def load(environ=os.environ) -> Settings:
-    path = environ.get("RECOVERY_CONFIG") or DEFAULT_PATH
-    values, problems = dict(DEFAULTS), []
+def _kind(key: str) -> str:
+    """The key's kind in the override rule (:mod:`slurm_hooks.overrides`)."""
+    if key in DURATIONS:
+        return "duration"
+    return "int" if isinstance(DEFAULTS[key], int) else "str"
+
+
+def _from_file(path: str, values: dict[str, object], problems: list[str]) -> None:
+    """The file's ``[hooks]`` into ``values``; what is wrong into ``problems``."""
     try:
         import tomllib
         with open(path, "rb") as fh:
             section = tomllib.load(fh).get("hooks", {})
     except FileNotFoundError:
-        return Settings(values, [f"{path}: not found, using defaults"], path)
+        problems.append(f"{path}: not found, using defaults")
+        return
     except Exception as exc:  # noqa: BLE001 - unreadable or invalid TOML: fail open
-        return Settings(values, [f"{path}: unreadable ({exc}), using defaults"], path)
+        problems.append(f"{path}: unreadable ({exc}), using defaults")
+        return
     if not isinstance(section, dict):
-        return Settings(values, [f"{path}: [hooks] is not a table"], path)
+        problems.append(f"{path}: [hooks] is not a table")
+        return
     for key, value in section.items():
         if key not in DEFAULTS:
             problems.append(f"hooks.{key}: unknown key, ignored")
@@ -90,4 +96,26 @@ def load(environ=os.environ) -> Settings:
             problems.append(f"hooks.{key}: bad value {value!r}, using {DEFAULTS[key]!r}")
         else:
             values[key] = coerced
+
+
+def _from_environ(environ, values: dict[str, object], problems: list[str]) -> None:
+    """``RECOVERY_HOOKS_<KEY>`` over the file's values, as the agent applies them."""
+    for key, var, text in overrides.given("hooks", DEFAULTS, environ):
+        try:
+            value = overrides.parse(_kind(key), text)
+        except ValueError as exc:
+            problems.append(f"{var}: {exc}, got {text!r}; using {values[key]!r}")
+            continue
+        if key in CHOICES and value not in CHOICES[key]:
+            problems.append(f"{var}: must be one of {', '.join(CHOICES[key])}, got {text!r}; "
+                            f"using {values[key]!r}")
+        else:
+            values[key] = value
+
+
+def load(environ=os.environ) -> Settings:
+    path = environ.get("RECOVERY_CONFIG") or DEFAULT_PATH
+    values, problems = dict(DEFAULTS), []
+    _from_file(path, values, problems)
+    _from_environ(environ, values, problems)
     return Settings(values, problems, path)

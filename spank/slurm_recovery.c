@@ -17,6 +17,14 @@
  *   --recovery=prod:action  SPANK__SLURM_SPANK_OPTION_slurm_recovery_recovery=prod:action
  * The job itself gets the same value as SLURM_SPANK__SLURM_SPANK_OPTION_...,
  * and Slurm prints its own "Invalid --recovery argument: X" after our error.
+ *
+ * Nested submissions. sbatch, salloc and srun read an option from that same
+ * variable when the command line lacks it (spank_process_env_options in
+ * Slurm's src/common/spank.c), so an sbatch run inside an opted-in job would
+ * be opted in too, in the outer job's mode. Inside a job (SLURM_JOB_ID set)
+ * sbatch and salloc therefore drop the inherited value before Slurm reads its
+ * options: the new job is opted in only by its own --recovery. srun inside a
+ * job starts a step of that same job, which keeps it.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -59,6 +67,7 @@ struct spec {
 
 static char err_msg[256];	/* why the last parse failed */
 static char exported[2 * MAX_SPEC];	/* canonical spec of this job, if any */
+static char inherited_from[32];	/* the enclosing job whose opt-in was dropped */
 
 __attribute__((format(printf, 1, 2))) static int refuse(const char *fmt, ...)
 {
@@ -446,6 +455,24 @@ static void read_arg(const char *arg, int loud)
 }
 
 /*
+ * sbatch or salloc inside a job: the job's own opt-in (and its normal form)
+ * is in the environment this command inherited. It describes the enclosing
+ * job, not the one being submitted, so it goes before Slurm reads options.
+ */
+static void drop_inherited(void)
+{
+	const char *job = getenv("SLURM_JOB_ID");
+
+	if (!job)
+		job = getenv("SLURM_JOBID");
+	if (!job || (!getenv(OPTION_ENV) && !getenv(JOB_ENV)))
+		return;
+	snprintf(inherited_from, sizeof(inherited_from), "%s", job);
+	unsetenv(OPTION_ENV);
+	unsetenv(JOB_ENV);
+}
+
+/*
  * Plugstack mistakes never fail init: in slurmd that would stop the node
  * from starting any job, including jobs that never asked for recovery.
  * They are logged as errors where the admin looks (slurmd and slurmstepd
@@ -459,6 +486,8 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 
 	for (int i = 0; i < ac; i++)
 		read_arg(av[i], loud);
+	if (ctx == S_CTX_ALLOCATOR)
+		drop_inherited();
 	switch (ctx) {
 	case S_CTX_LOCAL:
 	case S_CTX_ALLOCATOR:
@@ -475,14 +504,23 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	}
 }
 
-/* salloc: the shell it starts sees the spec too (job steps get it below). */
+/*
+ * salloc: the shell it starts sees the spec too (job steps get it below).
+ * sbatch or salloc inside an opted-in job, without a --recovery of its own:
+ * say once, on the submit host, that this job is not opted in.
+ */
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
 	(void)sp;
 	(void)ac;
 	(void)av;
-	if (spank_context() == S_CTX_ALLOCATOR && exported[0] && setenv(JOB_ENV, exported, 1))
+	if (spank_context() != S_CTX_ALLOCATOR)
+		return 0;
+	if (exported[0] && setenv(JOB_ENV, exported, 1))
 		slurm_error(TAG "post_opt: cannot set " JOB_ENV);
+	if (!exported[0] && inherited_from[0])
+		slurm_info(TAG "job %s's --recovery is not passed on to this job; give it "
+			   "--recovery to opt it in", inherited_from);
 	return 0;
 }
 

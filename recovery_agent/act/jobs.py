@@ -47,6 +47,14 @@ class JobRecovery:
                 and job.submit_time != rec.submit_time):
             self._finish(rec, Status.EXPIRED, "the job id now belongs to another job")
             return
+        if rec.run_start and job.restart_count == rec.restart_at and job.run_start \
+                and job.run_start != rec.run_start:
+            # the decided run is over and slurmctld began another at the same
+            # restart count: that run has a decision of its own
+            self._finish(rec, Status.EXPIRED, "slurmctld ran the attempt again at the same "
+                         f"restart count since the decision (run started {job.run_start}, "
+                         f"the decided one {rec.run_start})", job)
+            return
         twin = self.store.open_twin(rec)
         if twin is not None:
             self._finish(rec, Status.EXPIRED, f"recommendation #{twin} already acts on job "

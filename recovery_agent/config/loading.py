@@ -12,7 +12,7 @@ from dataclasses import Field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from slurm_hooks import durations
+from slurm_hooks import overrides
 
 from ..errors import ConfigError
 from .schema import (BACKENDS, MODES, REST_AUTHS, REST_FALLBACKS, REST_VERSIONS, SECTIONS,
@@ -24,8 +24,6 @@ DEFAULT_PATH = Path("/etc/slurm-recovery/recovery.toml")
 ENV_PATH = "RECOVERY_CONFIG"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ALLOW_ENTRY = re.compile(r"^(?:\*\.)?[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})(?::\d{1,5})?$")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 
 def parse_duration(value: Any, key: str = "duration") -> float:
@@ -37,10 +35,8 @@ def parse_duration(value: Any, key: str = "duration") -> float:
         raise ConfigError(expected)
     if isinstance(value, (int, float)):
         seconds = float(value)
-    elif (match := _DURATION.match(str(value))):
-        seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    elif (whole := durations.seconds(str(value).strip())) is not None:
-        seconds = float(whole)
+    elif (text := overrides.duration_seconds(str(value))) is not None:
+        seconds = text
     else:
         raise ConfigError(expected)
     if seconds < 0:
@@ -52,33 +48,28 @@ _KINDS = {"str": str, "int": int, "float": float, "bool": bool}
 
 
 def _coerce(key: str, spec: Field, value: Any) -> Any:
-    """``value`` as the declared type of ``spec``; ``key`` names it in errors."""
+    """``value`` as the declared type of ``spec``; ``key`` names it in errors.
+    Text (from the environment, or a quoted number in the file) is read by the
+    override rule the node hooks share (:mod:`slurm_hooks.overrides`)."""
     if spec.metadata.get("duration"):
         return parse_duration(value, key)
     kind = _KINDS[str(spec.type)]
-    if kind is bool:
+    if isinstance(value, str):
+        try:
+            return overrides.parse(kind.__name__, value)
+        except ValueError:
+            pass
+    elif kind is bool:
         if isinstance(value, bool):
             return value
-        if str(value).lower() in {"1", "true", "yes", "on"}:
-            return True
-        if str(value).lower() in {"0", "false", "no", "off"}:
-            return False
+        if value in (0, 1):
+            return bool(value)
     elif kind is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            return int(value)
     elif kind is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        if isinstance(value, str):   # from the environment
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif kind is str:
-        if isinstance(value, str):
-            return value
     raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}")
 
 
@@ -363,15 +354,15 @@ def from_mapping(data: Mapping[str, Any], source: str = "") -> Config:
 
 
 def apply_env(cfg: Config, environ: Mapping[str, str]) -> Config:
-    """Apply ``RECOVERY_<SECTION>_<KEY>`` overrides, e.g. ``RECOVERY_SCHEDULER_BACKEND=cli``."""
+    """Apply ``RECOVERY_<SECTION>_<KEY>`` overrides, e.g. ``RECOVERY_SCHEDULER_BACKEND=cli``,
+    by the rule the node hooks apply to ``[hooks]`` too (:mod:`slurm_hooks.overrides`)."""
     applied: dict[str, str] = {}
     for section, cls in SECTIONS.items():
         updates = {}
-        for f in fields(cls):
-            var = f"RECOVERY_{section}_{f.name}".upper()
-            if var in environ:
-                updates[f.name] = _coerce(f"{var} ({section}.{f.name})", f, environ[var])
-                applied[f"{section}.{f.name}"] = var
+        specs = {f.name: f for f in fields(cls)}
+        for name, var, text in overrides.given(section, specs, environ):
+            updates[name] = _coerce(f"{var} ({section}.{name})", specs[name], text)
+            applied[f"{section}.{name}"] = var
         if updates:
             cfg = replace(cfg, **{section: replace(getattr(cfg, section), **updates)})
     try:

@@ -85,7 +85,8 @@ class Decider:
                 for n, strikes in by_node.items()}
 
     def history(self, job_pk: int, attempt: int, spec: specs.RecoverySpec,
-                job: Job | None, nodes: tuple[str, ...]) -> History:
+                job: Job | None, nodes: tuple[str, ...], run_start: int | None = None
+                ) -> History:
         attempts = [a for a in self.store.attempts(job_pk) if a["attempt"] <= attempt]
         without = 0
         for row in sorted(attempts, key=lambda a: a["attempt"], reverse=True):
@@ -94,7 +95,7 @@ class Decider:
             without += 1
         tracks = bool(spec.ckpt) or any(a["ckpt_path"] for a in attempts)
         earlier = [r for r in self.store.recommendations(job_pk=job_pk)
-                   if r.scope == "job" and r.attempt < attempt]
+                   if r.scope == "job" and _before(r, attempt, run_start)]
         # the unexplained budget counts from the last attempt that saved a checkpoint:
         # a job that advances between rare unexplained failures keeps its retries
         since = max((a["attempt"] for a in attempts if a["ckpt_path"]), default=None)
@@ -157,11 +158,13 @@ class Decider:
                        verdict: Verdict, *, trigger: str, job: Job | None,
                        nodes: tuple[str, ...], detections: list[Detection],
                        seen_at: list[float | None] | None = None,
-                       started: float | None = None, verdict_event: dict | None = None
-                       ) -> Outcome | None:
+                       started: float | None = None, verdict_event: dict | None = None,
+                       run_start: int | None = None) -> Outcome | None:
         """Decide about one attempt and store the outcome (with ``verdict_event``,
         when given, in the same transaction). None when the attempt already
-        has a decision."""
+        has a decision. ``run_start``: Slurm's start time of the run decided
+        (slurmctld may run an attempt again at the same restart count; each
+        run gets one decision)."""
         now = self.clock()
         state = job.state if job is not None else "UNKNOWN"
         # blame stays inside the attempt's allocation, whatever the evidence names
@@ -169,12 +172,12 @@ class Decider:
         witnessed = tuple(sorted({d.host for d in detections
                                   if d.host and d.origin != "job" and d.severity != "info"}))
         with self.store.lock:
-            if self.store.job_rec(job_pk, attempt) is not None:
+            if self.store.job_rec(job_pk, attempt, run_start) is not None:
                 if verdict_event:
                     self.store.add_event(job_pk, **verdict_event)
                 return None
             row = self.store.job(job_pk)
-            history = self.history(job_pk, attempt, spec, job, nodes)
+            history = self.history(job_pk, attempt, spec, job, nodes, run_start)
             facts = self.node_facts(tuple(verdict.nodes), now, verdict.category,
                                     row["user"] or "", witnessed)
             decision = decide(verdict, trigger=trigger, state=state, history=history,
@@ -184,7 +187,8 @@ class Decider:
                 if verdict_event:
                     self.store.add_event(job_pk, **verdict_event)
                 recs = self._store(row, attempt, decision, mode, verdict, trigger, job,
-                                   detections, seen_at or [], started, now, witnessed)
+                                   detections, seen_at or [], started, now, witnessed,
+                                   run_start, nodes)
         if recs and mode != "monitor":
             for wake in self.on_new_work:
                 wake()
@@ -198,7 +202,8 @@ class Decider:
                verdict: Verdict, trigger: str, job: Job | None,
                detections: list[Detection], seen_at: list[float | None],
                started: float | None, now: float,
-               witnessed: tuple[str, ...] = ()) -> list[int]:
+               witnessed: tuple[str, ...] = (), run_start: int | None = None,
+               ran_on: tuple[str, ...] = ()) -> list[int]:
         job_pk = row["id"]
         user = row["user"] or ""
         for node in decision.blamed:
@@ -229,14 +234,17 @@ class Decider:
                       # what the next attempt's decision reads (History.previous)
                       "action": verdict.action, "signature": verdict.signature,
                       "suspects": list(verdict.suspects), "where": list(verdict.where),
-                      "unexplained": verdict.unexplained},
+                      "unexplained": verdict.unexplained,
+                      # where this run ran (the attempt row shows its latest run)
+                      "ran_on": list(ran_on)},
                   "pattern_ids": sorted({d.rule for d in used}), "evidence": evidence,
                   "restart_at": attempt,
                   # Slurm renews the submit time at each requeue: keep this attempt's
                   "submit_time": (job.submit_time if job is not None and job.submit_time
                                   else row["submit_time"]),
                   "failure_at": failure_at, "detected_at": now,
-                  "workload": row["name"] or "", "user": user, "actor": "agent"}
+                  "workload": row["name"] or "", "user": user, "actor": "agent",
+                  "run_start": run_start}
         pk = self.store.add_recommendation({
             **common, "scope": "job", "action": decision.action, "rule": decision.rule,
             "reason": decision.reason, "reason_category": decision.category,
@@ -349,14 +357,24 @@ def _unexplained(rec: Recommendation) -> bool:
     return bool(attribution.get("unexplained")) and rec.action in ("requeue", "kill_requeue")
 
 
+def _before(rec: Recommendation, attempt: int, run_start: int | None) -> bool:
+    """Whether ``rec`` decided an earlier attempt, or an earlier run of this
+    one (slurmctld ran it again at the same restart count)."""
+    if rec.attempt is None or rec.attempt != attempt:
+        return rec.attempt is not None and rec.attempt < attempt
+    return bool(run_start and rec.run_start and rec.run_start < run_start)
+
+
 def _previous(attempts: list[dict], recs: list[Recommendation]) -> tuple[PriorAttempt, ...]:
-    """The earlier attempts that were judged: where each ran (its attempt row)
-    and its verdict (as its job recommendation recorded it), oldest first."""
+    """The earlier attempts (and runs) that were judged: where each ran (as its
+    recommendation recorded it, else its attempt row) and its verdict (as its
+    job recommendation recorded it), oldest first."""
     nodes = {a["attempt"]: tuple(a["nodes"] or ()) for a in attempts}
     out = []
-    for rec in sorted(recs, key=lambda r: r.attempt):
+    for rec in sorted(recs, key=lambda r: (r.attempt, r.run_start or 0)):
         seen = rec.attribution or {}
-        if not seen or rec.attempt not in nodes:
+        ran_on = tuple(seen.get("ran_on") or ()) or nodes.get(rec.attempt)
+        if not seen or ran_on is None:
             continue
         verdict = Verdict(blame=seen.get("blame") or "unknown", category=seen.get("category"),
                           action=seen.get("action") or rec.action,
@@ -366,5 +384,5 @@ def _previous(attempts: list[dict], recs: list[Recommendation]) -> tuple[PriorAt
                           unexplained=bool(seen.get("unexplained")),
                           signature=seen.get("signature") or "",
                           suspects=tuple(seen.get("suspects") or ()))
-        out.append(PriorAttempt(nodes[rec.attempt], verdict, rec.attempt))
+        out.append(PriorAttempt(ran_on, verdict, rec.attempt))
     return tuple(out)

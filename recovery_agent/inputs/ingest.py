@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import re
 import time
@@ -26,6 +27,7 @@ from ..scheduler.base import FINISHED_STATES, Job
 from ..store import Store
 from ..store import reports as report_rows
 
+log = logging.getLogger(__name__)
 ENDED = FINISHED_STATES | {"GONE"}   # stored rows of jobs that have ended
 
 HOOKS = ("prolog", "epilog", "health")
@@ -101,6 +103,11 @@ def validate(hook: str, report: Any) -> dict:
             raise ReportError("job.attempt: must not be negative")
         if len(_want(job, "spec", (str,), "job.")) > 4 * specs.MAX_LENGTH:
             raise ReportError("job.spec: far too long")
+        for key in ("start_time", "started"):   # which run of the attempt (optional)
+            when = _want(job, key, (int, float), "job.", required=False)
+            if when is not None and (isinstance(when, bool) or not math.isfinite(when)
+                                     or when < 0):
+                raise ReportError(f"job.{key}: not a time")
     gpus = _want(report, "gpus", (dict,), "")
     _objects(gpus, "gpus", MAX_GPUS, "gpus.", {"index": (int,)})
     _objects(report, "xids", MAX_XIDS, "", {"xid": (int,), "raw": (str,)})
@@ -126,6 +133,24 @@ def _delivery(report: dict) -> None:
     by = _want(delivery, "by", (str,), "delivery.", required=False)
     if by is not None and by not in REPLAYERS:
         raise ReportError(f"delivery.by: expected one of {', '.join(REPLAYERS)}")
+
+
+def _same_owner(owner: dict, row: dict) -> bool:
+    """Whether a row stored without its submit time is the job ``owner`` holds
+    that key for: another row of the same id whose user agrees."""
+    return owner["id"] != row["id"] and (not owner["user"] or not row["user"]
+                                         or owner["user"] == row["user"])
+
+
+def _run_start(job: dict | None) -> float | None:
+    """Which run of its attempt a report belongs to: Slurm's start time where the
+    hook saw it (24.11 and later), else the time the node's prolog noted."""
+    if not job:
+        return None
+    for key in ("start_time", "started"):
+        if isinstance(job.get(key), (int, float)) and not isinstance(job.get(key), bool):
+            return float(job[key])
+    return None
 
 
 def _arrival(hook: str, report: dict, row: dict) -> str:
@@ -197,7 +222,7 @@ class Ingest:
                 (found.is_finished and found.end_time and created
                  and found.end_time < created - 1)
                 or ((row := self.store.match_job(cluster, found)) is not None
-                    and row["state"] in ENDED)):
+                    and row["state"] in ENDED and not self._runs_again(row, found))):
             found = None
         if found is not None:
             self.store.adopt_printable_id(cluster, found)
@@ -213,6 +238,23 @@ class Ingest:
                    submit_time=submit, state="RUNNING" if hook == "prolog" else "UNKNOWN",
                    array_job_id=job.get("array_job_id"), array_task_id=job.get("array_task_id"),
                    user=job.get("user") or "")
+
+    def _runs_again(self, row: dict, found: Job) -> bool:
+        """Whether a stored job that ended is, as listed now, the same job back
+        at restart count 0 (slurmctld runs the attempt again: a controller
+        restarted from older state puts it back in the queue itself). Its
+        submit time is the stored one, and the listing is newer than the end of
+        the stored run: it started, or is to start (pending), after that end. A
+        listing from before the end (a cache older than a reset) shows the old
+        run, or its expected start before it ran."""
+        if found.restart_count != 0 or not found.submit_time \
+                or found.submit_time != row["submit_time"]:
+            return False
+        ended = next((a["end_time"] for a in self.store.attempts(row["id"])
+                      if a["attempt"] == 0), None)
+        if not ended:
+            return False
+        return bool(found.start_time and found.start_time >= ended)
 
     def _job(self, cluster: str, node: str, job: dict, hook: str,
              created: float = 0, late: bool = False) -> tuple[int, int]:
@@ -246,7 +288,7 @@ class Ingest:
                                             report.get("delivery") is not None)
             row = self._report_row(hook, report, cluster, job_pk, attempt, sender_uid)
             if job_pk is not None:   # judged already: the watch loop counts its XIDs
-                row["after_verdict"] = int(report_rows.has_verdict(self.store, job_pk, attempt))
+                row["after_verdict"] = int(self._after_verdict(hook, row, job_pk, attempt))
             report_pk = self.store.add_report(row)
             self._store_xids(report, report_pk, job_pk, attempt)
             self._node_health(report)
@@ -264,6 +306,14 @@ class Ingest:
                 listener(job_pk, attempt, report)
         return StoredReport(report_pk, False, job_pk)
 
+    def _after_verdict(self, hook: str, row: dict, job_pk: int, attempt: int) -> bool:
+        """Whether the report's run had its verdict before the report came. A
+        prolog sent at once (not replayed) starts its run: never after that
+        run's verdict, whatever an earlier run of the same attempt had."""
+        if hook == "prolog" and not row["late"]:
+            return False
+        return report_rows.report_judged(self.store, job_pk, attempt, row["run_start"])
+
     def _report_row(self, hook, report, cluster, job_pk, attempt, sender_uid) -> dict:
         gpus = report["gpus"]
         exit_info = report.get("exit") or {}
@@ -278,7 +328,8 @@ class Ingest:
                 "gpus": json.dumps(gpus["gpus"]),
                 "preflight": json.dumps(report.get("preflight")),
                 "exit_code": exit_info.get("code"), "exit_signal": exit_info.get("signal"),
-                "sender_uid": sender_uid, "body": json.dumps(report)}
+                "sender_uid": sender_uid, "body": json.dumps(report),
+                "run_start": _run_start(report.get("job"))}
 
     def _store_xids(self, report: dict, report_pk: int, job_pk, attempt) -> None:
         by_pci = {str(g.get("pci_short", "")).lower(): g for g in report["gpus"]["gpus"]}
@@ -315,7 +366,15 @@ class Ingest:
                 if job.job_id != row["job_id"]:
                     self.store.adopt_printable_id(self.cluster, job)
                     row = self.store.job(row["id"])
-                if self.store.find_job_exact(self.cluster, row["job_id"], job.submit_time):
+                owner = self.store.find_job_exact(self.cluster, row["job_id"], job.submit_time)
+                if owner is not None:
+                    if _same_owner(owner, row) and self._runs_again(owner, job):
+                        # stored anew by a first prolog that came after the stored
+                        # job had ended: slurmctld ran the job again (the fresh
+                        # listing gives it the stored submit time), not a reused id
+                        self.store.merge_job(row["id"], owner["id"])
+                        log.info("job=%s: a prolog's new row is the stored job run "
+                                 "again at restart count 0; merged", row["job_id"])
                     continue
                 if row["job_id"] != job.job_id:
                     continue   # its printable name is taken: leave it to the poller

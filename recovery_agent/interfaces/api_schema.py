@@ -241,6 +241,9 @@ class RecommendationRow(BaseModel):
     user: str | None
     claimed_by: str | None
     claim_expires: float | None
+    run_start: int | None = Field(None, description="Slurm's start time of the run this "
+                                  "decides: with attempt, the run's identity (slurmctld "
+                                  "may run an attempt again at the same restart count).")
 
 
 class Step(_Row):

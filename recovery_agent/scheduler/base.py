@@ -15,6 +15,9 @@ from ..errors import JobNotFound, SchedulerError
 # Job states in which the job holds (or is about to hold, or is releasing) nodes.
 ACTIVE_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STAGE_OUT",
                            "SIGNALING", "RESIZING"})
+# states in which the start time is a run's real start
+RAN_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING",
+                        "STAGE_OUT"})
 FINISHED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                              "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"})
 # Node flags that keep the scheduler from placing new work on a node.
@@ -77,6 +80,18 @@ class Job:
     @property
     def is_pending(self) -> bool:
         return self.state == "PENDING"
+
+    @property
+    def run_start(self) -> int | None:
+        """Slurm's start time of the run this listing shows, or None when it
+        shows none begun: pending (the start time is only the expected one),
+        held, configuring (it is reset once the nodes are up). With the restart
+        count it names the run: slurmctld may run an attempt again at the same
+        count (a controller restarted from older state puts it back in the
+        queue itself)."""
+        if self.state in RAN_STATES or self.is_finished:
+            return self.start_time or None
+        return None
 
 
 @dataclass(frozen=True)

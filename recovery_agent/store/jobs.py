@@ -194,6 +194,22 @@ class JobQueries:
         """Give a job row its submit time (the caller checked the key is free)."""
         self.db["jobs"].update(job_pk, {"submit_time": submit_time})
 
+    def merge_job(self, src_pk: int, dst_pk: int) -> None:
+        """Fold job row ``src_pk`` into ``dst_pk``, the same Slurm job stored
+        twice: everything recorded under ``src_pk`` (reports, XIDs, events,
+        detections, recommendations, strikes, attempts ``dst_pk`` lacks) moves
+        to ``dst_pk``, and ``src_pk`` goes. The caller holds a transaction."""
+        have = {r["attempt"] for r in self.db["attempts"].rows_where("job = ?", [dst_pk],
+                                                                     select="attempt")}
+        if have:
+            marks = ", ".join("?" * len(have))
+            self.db.execute(f"delete from attempts where job = ? and attempt in ({marks})",
+                            [src_pk, *sorted(have)])
+        for table in ("attempts", "node_reports", "xids", "events", "detections",
+                      "recommendations", "strikes"):
+            self.db.execute(f"update {table} set job = ? where job = ?", [dst_pk, src_pk])
+        self.db["jobs"].delete(src_pk)
+
     def find_jobs(self, cluster: str, state: str | None = None, user: str | None = None,
                   env: str | None = None, limit: int = 500,
                   before: int | None = None) -> list[dict]:

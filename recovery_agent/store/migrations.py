@@ -284,6 +284,29 @@ def m015_ledger_progress(db: Database) -> None:
     db["jobs"].create_index(["cluster", "user", "name"], if_not_exists=True)
 
 
+def m013_recommendation_runs(db: Database) -> None:
+    """A run of a job is told apart by more than its restart count: slurmctld
+    may run an attempt again at the same count (a controller restarted from
+    older state puts it back in the queue itself). Each recommendation keeps
+    the Slurm start time of the run it decides (``run_start``), and the one job
+    decision allowed per attempt becomes one per run. Recommendations made
+    before this take their attempt's start time, as the attempt row has it."""
+    db["recommendations"].add_column("run_start", int)
+    db.execute("update recommendations set run_start = (select a.start_time from attempts a "
+               "where a.job = recommendations.job and a.attempt = recommendations.attempt)")
+    db.execute("drop index if exists recommendations_one_per_attempt")
+    db.execute("create unique index recommendations_one_per_run on recommendations "
+               "(job, attempt, coalesce(run_start, 0)) where scope = 'job'")
+
+
+def m014_report_runs(db: Database) -> None:
+    """Which run of its attempt a node report belongs to (``run_start``): Slurm's
+    start time where the hook's environment carries it (24.11 and later), else
+    the time the node's prolog noted for that run. Reports stored before this
+    have none and belong to any run of their attempt, as they did."""
+    db["node_reports"].add_column("run_start", float)
+
+
 MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("001_initial", m001_initial),
     ("002_node_reports", m002_node_reports),
@@ -297,6 +320,8 @@ MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("010_attempt_output_paths", m010_attempt_output_paths),
     ("011_operator_actions", m011_operator_actions),
     ("012_node_states", m012_node_states),
+    ("013_recommendation_runs", m013_recommendation_runs),
+    ("014_report_runs", m014_report_runs),
     ("015_ledger_progress", m015_ledger_progress),
 ]
 

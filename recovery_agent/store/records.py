@@ -112,6 +112,7 @@ class Recommendation:
     user: str | None
     claimed_by: str | None
     claim_expires: float | None
+    run_start: int | None = None   # Slurm's start time of the run it decides
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Recommendation:

@@ -82,9 +82,17 @@ class RecQueries:
                                                       order_by="id")
         return [decode_rec(r) for r in rows]
 
-    def job_rec(self, job_pk: int, attempt: int) -> Recommendation | None:
-        rows = list(self.db["recommendations"].rows_where(
-            "job = ? and attempt = ? and scope = 'job'", [job_pk, attempt], limit=1))
+    def job_rec(self, job_pk: int, attempt: int, run_start: int | None = None
+                ) -> Recommendation | None:
+        """The job recommendation of one attempt; with ``run_start``, of the run
+        of that attempt that started then (one made before runs were told
+        apart, without a run, counts for every run of its attempt)."""
+        where, args = "job = ? and attempt = ? and scope = 'job'", [job_pk, attempt]
+        if run_start is not None:
+            where += " and (run_start is null or run_start = ?)"
+            args.append(run_start)
+        rows = list(self.db["recommendations"].rows_where(where, args, order_by="id",
+                                                          limit=1))
         return decode_rec(rows[0]) if rows else None
 
     def open_twin(self, rec: Recommendation) -> int | None:
@@ -146,11 +154,17 @@ class RecQueries:
         return [decode_rec(row) for row in self.db["recommendations"].rows_where(
             "mode = 'external' and status = 'executing' and claim_expires < ?", [now])]
 
-    def mark_running_again(self, job_pk: int, attempt: int, when: float) -> None:
+    def mark_running_again(self, job_pk: int, attempt: int, when: float,
+                           before_run: int | None = None) -> None:
         """Note when a job runs again after the job recommendation of its
-        ``attempt`` (once: a time already noted stays), holding the store lock."""
+        ``attempt`` (once: a time already noted stays), holding the store lock.
+        ``before_run``: only the recommendations of runs of that attempt that
+        started before it (the attempt itself runs again)."""
+        where, args = "", [when, job_pk, attempt]
+        if before_run is not None:
+            where = " and coalesce(run_start, 0) < ?"
+            args.append(before_run)
         with self.lock:
             self.db.execute(
                 "update recommendations set running_again_at = ? where job = ? and "
-                "attempt = ? and scope = 'job' and running_again_at is null",
-                [when, job_pk, attempt])
+                "attempt = ? and scope = 'job' and running_again_at is null" + where, args)

@@ -53,6 +53,10 @@ class AttemptWatch:
     found_at: list = field(default_factory=list)  # when each was seen (agent clock)
     rights: Rights | None = None   # the job user's: its output and ckpt= are read with them
     layout: LayoutLines = field(default_factory=LayoutLines)   # what the log says of placement
+    # which run of the attempt: Slurm's start time (slurmctld may run an attempt
+    # again at the same restart count), and the earlier runs of it already judged
+    run_start: int | None = None
+    earlier_runs: tuple[int, ...] = ()
 
     @property
     def key(self) -> str:
@@ -79,18 +83,39 @@ class AttemptLines:
         if job.restart_count:
             self.store.mark_running_again(row["id"], job.restart_count - 1,
                                           float(job.start_time or now))
+        if watch.earlier_runs:
+            self._ran_again(watch, now)
         log.info("job=%s attempt=%s watching %s", job.job_id, job.restart_count,
                  ", ".join(sorted(watch.paths)))
+
+    def _ran_again(self, watch: AttemptWatch, now: float) -> None:
+        """The attempt runs again at the same restart count (slurmctld put it
+        back in the queue itself): on the timeline, and the earlier runs'
+        decisions see the job running again."""
+        with self.store.lock:
+            self.store.mark_running_again(watch.job_pk, watch.attempt, watch.started,
+                                          before_run=watch.run_start)
+            self.store.add_event(watch.job_pk, "ran_again",
+                                 f"attempt {watch.attempt} runs again at the same restart "
+                                 f"count (Slurm start time {watch.run_start}); this run gets "
+                                 "a verdict of its own", attempt=watch.attempt,
+                                 source="poller",
+                                 data={"run_start": watch.run_start,
+                                       "earlier_runs": list(watch.earlier_runs)})
+        log.warning("job=%s attempt=%s runs again at the same restart count", watch.job_id,
+                    watch.attempt)
 
     def _new_watch(self, row: dict, job: Job, now: float) -> AttemptWatch:
         """An attempt's detectors, following no file yet."""
         spec = _parse(row["spec"])
         env = self.cfg.environment(spec.env)
         started = float(job.start_time or now)
+        run = job.run_start
         return AttemptWatch(row["id"], job.job_id, job.restart_count, spec, started, set(),
                             HangDetector.for_attempt(spec, env, started),
                             StragglerDetector.for_environment(env, nodes=job.nodes),
-                            nodes=job.nodes, rights=Rights.of_job(job))
+                            nodes=job.nodes, rights=Rights.of_job(job), run_start=run,
+                            earlier_runs=self._judged_runs(row["id"], job.restart_count, run))
 
     def _finish(self, watch: AttemptWatch, now: float, job: Job | None = None) -> None:
         found = []

@@ -23,7 +23,7 @@ from .attempt import AttemptLines, AttemptWatch
 from .feed import SourceFeed
 from .nodestates import NodeStates
 from .running import RunningChecks
-from .verdicts import Verdicts
+from .verdicts import Verdicts, shows_run
 
 log = logging.getLogger("recovery_agent.watch")   # one logger for the loop, as before its split
 SEEN_FLUSH_EVERY = 60.0  # unchanged jobs' last_seen is written this often
@@ -68,7 +68,9 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
         # per-cycle work proportional to what changed, not to what is tracked:
         self._stored: dict[int, tuple] = {}       # job row -> what was last written
         self._listed_at: dict[int, float] = {}    # job row -> last time squeue listed it
-        self._judged: set[tuple[int, int]] = set()  # (job row, attempt) with a verdict
+        # (job row, attempt) -> the runs of it with a verdict (Slurm start times;
+        # None: a verdict that names no run, which counts for every run)
+        self._judged: dict[tuple[int, int], set[int | None]] = {}
         self._known: set[tuple[str, int]] = set()   # (job id, submit time) registered
         self._env_checked: set[int] = set()   # job rows whose environment was looked up
         self._seen_flushed = 0.0
@@ -139,6 +141,11 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
         since = now - GONE_AFTER - 2 * SEEN_FLUSH_EVERY
         for row in self.store.watch_rows(cluster, ENDED_STATES, since):
             job = listing.get(row["job_id"])
+            if job is not None and not row["submit_time"] and job.submit_time and \
+                    self.store.find_job_exact(cluster, job.job_id, job.submit_time):
+                # a hook stored this job anew; the listed job is the stored row
+                # that holds its key (ingest merges the two once it lists it)
+                continue
             if job is not None and not same_job(row, job):
                 # the id names another job now (slurmctld lost its state and
                 # counts again): this job is gone (once), and nothing of it
@@ -147,9 +154,13 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
                 continue
             self._flag_unknown_env(row)
             last_seen = max(row["last_seen"] or 0, self._listed_at.get(row["id"], 0))
+            # the run Slurm shows, when it shows one of the stored attempt: a run
+            # of an ended, judged attempt may come again (slurmctld re-ran it)
+            run = job.run_start if job is not None \
+                and job.restart_count == row["restart_count"] else None
             if row["state"] in ENDED_STATES and (
                     now - last_seen > GONE_AFTER
-                    or not self._needs_verdict(row["id"], row["restart_count"])):
+                    or not self._needs_verdict(row["id"], row["restart_count"], run)):
                 continue
             if job is None:
                 if now - (last_seen or now) > GONE_AFTER:
@@ -244,17 +255,18 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
     def _follow(self, row: dict, job: Job, now: float) -> None:
         """Start, renew or end the watch of one listed job."""
         watch = self.watches.get(row["id"])
+        if watch is not None and not shows_run(job, watch):
+            # requeued, or run again at the same restart count: that run is over
+            self._finish(watch, now, job)
+            watch = None
         if job.is_finished:
             if watch:
                 self._finish(watch, now, job)
-            elif self._needs_verdict(row["id"], job.restart_count):
+            elif self._needs_verdict(row["id"], job.restart_count, job.run_start):
                 # it ran and ended between two polls: read its output this
                 # cycle, judge it next cycle (with the node reports)
                 self._start(row, job, now)
             return
-        if watch is not None and watch.attempt != job.restart_count:
-            self._finish(watch, now, job)  # requeued: that attempt is over
-            watch = None
         if job.state == "RUNNING" and watch is None:
             self._start(row, job, now)
 

@@ -37,6 +37,16 @@ NODE_MAP_TTL = 300.0  # how long a listing of the nodes' addresses is reused
 NO_WAIT_STATES = frozenset({"NODE_FAIL", "COMPLETED", "CANCELLED", "PREEMPTED"})
 
 
+def shows_run(job: Job, watch: AttemptWatch) -> bool:
+    """Whether Slurm still shows the watched run: the same restart count, and
+    not another run of that attempt (one Slurm started at another time: a
+    pending listing shows no run)."""
+    if job.restart_count != watch.attempt:
+        return False
+    listed = job.run_start
+    return not (listed and watch.run_start and listed != watch.run_start)
+
+
 class Verdicts:
     """The watcher's part that judges ended attempts (a part of
     :class:`~recovery_agent.watch.Watcher`, whose state it shares: ``closing``,
@@ -47,15 +57,32 @@ class Verdicts:
         for the epilog reports."""
         self.closing.append((watch, job, now + EPILOG_GRACE))
 
-    def _needs_verdict(self, job_pk: int, attempt: int) -> bool:
-        if (job_pk, attempt) in self._judged:
+    def _needs_verdict(self, job_pk: int, attempt: int, run_start: int | None = None) -> bool:
+        """Whether an attempt still waits for its verdict; with ``run_start``,
+        the run of it that Slurm started then (slurmctld may run an attempt
+        again at the same restart count: each run is judged on its own)."""
+        judged = self._judged.get((job_pk, attempt), set())
+        if judged and (run_start is None or run_start in judged or None in judged):
             return False
-        if any(w.job_pk == job_pk and w.attempt == attempt for w, _, _ in self.closing):
+        if any(w.job_pk == job_pk and w.attempt == attempt
+               and (run_start is None or w.run_start in (None, run_start))
+               for w, _, _ in self.closing):
             return False
-        done = report_rows.has_verdict(self.store, job_pk, attempt)
-        if done:
-            self._judged.add((job_pk, attempt))
-        return not done
+        runs = report_rows.verdict_runs(self.store, job_pk, attempt)
+        if runs:
+            self._judged.setdefault((job_pk, attempt), set()).update(runs)
+        return not (runs and (run_start is None or run_start in runs or None in runs))
+
+    def _judged_runs(self, job_pk: int, attempt: int, run_start: int | None) -> tuple[int, ...]:
+        """The earlier runs of this attempt that have their verdict (their Slurm
+        start times): empty for an attempt's first run."""
+        if run_start is None:
+            return ()
+        self._needs_verdict(job_pk, attempt, run_start)   # the store's verdicts, once
+        ended = {w.run_start for w, _, _ in self.closing
+                 if w.job_pk == job_pk and w.attempt == attempt}   # verdicts on their way
+        return tuple(sorted(r for r in self._judged.get((job_pk, attempt), set()) | ended
+                            if r is not None and r != run_start))
 
     def _close_attempts(self, now: float) -> None:
         """Give each ended attempt its verdict once its node evidence is in (see
@@ -103,7 +130,7 @@ class Verdicts:
         since the attempt ended. The timeline says what is waited for, and when
         the verdict goes ahead without it."""
         epilogs = report_rows.nodes_reporting(self.store, watch.job_pk, watch.attempt,
-                                              "epilog")
+                                              "epilog", watch.run_start, watch.earlier_runs)
         if set(watch.nodes) <= epilogs or len(epilogs) >= len(watch.nodes):
             return True
         if now < deadline:
@@ -134,10 +161,10 @@ class Verdicts:
         in a state policy never acts on; or the node reports in already blame a
         node by a fatal XID."""
         if self.cfg.agent.node_report_wait <= EPILOG_GRACE or job is None \
-                or job.restart_count != watch.attempt or job.state in NO_WAIT_STATES:
+                or not shows_run(job, watch) or job.state in NO_WAIT_STATES:
             return ()
         prologs = report_rows.nodes_reporting(self.store, watch.job_pk, watch.attempt,
-                                              "prolog")
+                                              "prolog", watch.run_start, watch.earlier_runs)
         missing = tuple(n for n in watch.nodes if n in prologs and n not in epilogs)
         if missing and self._node_blamed(watch, now):
             return ()
@@ -209,7 +236,8 @@ class Verdicts:
         data = {"blame": verdict.blame, "category": verdict.category,
                 "action": verdict.action, "nodes": list(verdict.nodes),
                 "gpus": list(verdict.gpus), "confidence": verdict.confidence,
-                "reason": verdict.reason, "state": job.state if job else None}
+                "reason": verdict.reason, "state": job.state if job else None,
+                "run_start": watch.run_start}
         if consulted is not None:
             data["provider"] = {"name": consulted.provider, "outcome": consulted.outcome}
         event = {"kind": "verdict",
@@ -219,15 +247,16 @@ class Verdicts:
                  "attempt": watch.attempt, "source": "attribution", "data": data}
         log.info("job=%s attempt=%s verdict blame=%s action=%s nodes=%s", watch.job_id,
                  watch.attempt, verdict.blame, verdict.action, ",".join(verdict.nodes))
-        # decide only while Slurm still shows this attempt: one requeued by
-        # someone else (or gone) is recorded, not acted on
-        if self.decider is not None and job is not None and job.restart_count == watch.attempt:
+        # decide only while Slurm still shows this run: one requeued by someone
+        # else, run again by slurmctld, or gone is recorded, not acted on
+        if self.decider is not None and job is not None and shows_run(job, watch):
             self._decide(watch, job, verdict, "ended", all_detections(watch.found, context),
                          event)
         else:
             with self.store.lock:
                 self.store.add_event(watch.job_pk, **event)
-        self._judged.add((watch.job_pk, watch.attempt))   # recorded: never judged again
+        # recorded: this run is never judged again
+        self._judged.setdefault((watch.job_pk, watch.attempt), set()).add(watch.run_start)
 
     def _decide(self, watch: AttemptWatch, job: Job | None, verdict: Verdict, trigger: str,
                 detections: list[Detection], event: dict | None = None) -> None:
@@ -236,7 +265,8 @@ class Verdicts:
             self.decider.decide_attempt(watch.job_pk, watch.attempt, watch.spec, verdict,
                                         trigger=trigger, job=job, nodes=tuple(watch.nodes),
                                         detections=detections, seen_at=seen,
-                                        started=watch.started, verdict_event=event)
+                                        started=watch.started, verdict_event=event,
+                                        run_start=watch.run_start)
         except STORE_ERRORS:
             if trigger == "ended":
                 raise    # the ended attempt stays pending in self.closing
@@ -297,9 +327,12 @@ class Verdicts:
         """Fatal XIDs the node hooks reported for this attempt."""
         events = []
         rows = self.store.attempt_xids(watch.job_pk, watch.attempt)
+        # a run again at the same restart count: only its own reports' XIDs
+        mine = report_rows.run_reports(self.store, watch.job_pk, watch.attempt,
+                                       watch.run_start, watch.earlier_runs)
         for row in rows:
             event = {"xid": row["xid"], "kind": row["kind"], "message": row["message"]}
-            if not kmsg.is_fatal(event):
+            if not kmsg.is_fatal(event) or (mine is not None and row["report"] not in mine):
                 continue
             if row["time"] and row["time"] < watch.started - XID_SLACK:
                 continue   # logged before this attempt began (an old fault, preflight's job)
@@ -324,8 +357,10 @@ class Verdicts:
                 report_rows.mark_counted(self.store, row["id"], now)
 
     def _late_fatal(self, row: dict) -> list[int]:
-        """The fatal XIDs of a stored report logged during its attempt."""
-        started = report_rows.attempt_start(self.store, row["job"], row["attempt"])
+        """The fatal XIDs of a stored report logged during its attempt (its own
+        run of it, where the report names the run)."""
+        started = row.get("run_start") or report_rows.attempt_start(self.store, row["job"],
+                                                                     row["attempt"])
         found = []
         for x in report_rows.report_xids(self.store, row["id"]):
             if not kmsg.is_fatal({k: x[k] for k in ("xid", "kind", "message")}):

@@ -197,12 +197,54 @@ def test_prolog_sees_the_raw_option(cluster, hooks_dir):
     assert (hooks_dir / f"prolog-{job}").read_text().strip() == "prod:action,hang=20m"
 
 
-def test_export_none_still_gets_the_spec(cluster):
-    # 22.05 skips the option callback for such a batch step; the plugin reads
-    # the raw option Slurm left in the job environment instead
-    _job, out = submit_printing_env(cluster, "export-none", "--export=NONE",
-                                    "--recovery=prod:monitor")
+@pytest.mark.parametrize("export", ["NONE", "NIL", "SLURM_JOB_NAME", "ALL,RECOVERY_X=1"])
+def test_every_export_mode_gets_the_spec_and_reaches_the_prolog(cluster, hooks_dir, export):
+    # Slurm skips the option callback for a batch step whose environment was
+    # not exported; the plugin reads the raw option Slurm left in the job
+    # environment instead. The prolog's copy (what registers the job) comes
+    # from the job's SPANK environment, whatever the export mode.
+    name = "export-" + export.replace(",", "_")
+    job, out = submit_printing_env(cluster, name, f"--export={export}", "--recovery=prod:monitor")
     assert job_output(out) == "prod:monitor"
+    assert (hooks_dir / f"prolog-{job}").read_text().strip() == "prod:monitor"
+
+
+def test_a_job_submitted_inside_an_opted_in_job_is_not_opted_in_by_it(cluster, hooks_dir):
+    jobs = cluster.lay.jobs
+    for stale in jobs.glob("inner-*"):
+        stale.unlink()
+    inner = (f"sbatch --parsable --mem=50 --chdir={jobs} -o {jobs}/inner-%j.out "
+             f"--wrap '{SHOW_ENV}'")
+    script = (f"{inner} > {jobs}/inner-plain.id 2> {jobs}/inner-plain.err\n"
+              f"{inner} --recovery=lab:monitor > {jobs}/inner-own.id\n"
+              f"salloc --no-shell -N1 --mem=50 -t 1 > {jobs}/inner-salloc.err 2>&1\n")
+    done = sbatch(cluster, "--recovery=prod:action", "-o", "/dev/null", script=script)
+    assert done.returncode == 0, done.stderr
+    nesting = done.stdout.strip().split(";")[0]
+    plain = job_output(jobs / "inner-plain.id")
+    own = job_output(jobs / "inner-own.id")
+    # the job that asked is opted in as it asked; the one that did not is not
+    assert job_output(jobs / f"inner-{own}.out") == "lab:monitor"
+    assert (hooks_dir / f"prolog-{own}").read_text().strip() == "lab:monitor"
+    assert job_output(jobs / f"inner-{plain}.out") == UNSET
+    assert not (hooks_dir / f"prolog-{plain}").exists()   # the fast path: not opted in
+    said = (jobs / "inner-plain.err").read_text()
+    assert f"job {nesting}'s --recovery is not passed on to this job" in said, said
+    # salloc too: its allocation is not opted in, and salloc says so
+    said = wait_for(lambda: "Granted job allocation" in (text := _read(jobs / "inner-salloc.err"))
+                    and text, 30, "the inner salloc's allocation")
+    allocated = said.split("Granted job allocation ")[1].split()[0]
+    try:
+        assert f"job {nesting}'s --recovery is not passed on to this job" in said, said
+        wait_for(lambda: "JobState=RUNNING" in slurm(cluster, "scontrol", "show", "job",
+                                                     allocated).stdout, 30, "it running")
+        assert not (hooks_dir / f"prolog-{allocated}").exists()
+    finally:
+        slurm(cluster, "scancel", allocated)
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 def test_job_without_recovery_runs_normally(cluster, hooks_dir):

@@ -53,7 +53,7 @@ class FakeSlurm:
         self.job: dict | None = {
             "state": state, "restart_count": restart_count, "submit_time": submit_time,
             "requeue_allowed": requeue_allowed, "held": held, "excluded": tuple(excluded),
-            "nodes": ("gpu1", "gpu2"), "start_now": False}
+            "nodes": ("gpu1", "gpu2"), "start_now": False, "start_time": None}
         self.nodes = {n: {"state": "IDLE", "flags": set(), "reason": ""} for n in nodes}
         self.completing = int(completing)   # listings in COMPLETING after a requeue
         self.completing_left = 0
@@ -85,7 +85,7 @@ class FakeSlurm:
                    submit_time=j["submit_time"], nodes=j["nodes"], batch_host=j["nodes"][0],
                    excluded_nodes=j["excluded"],
                    requeue_allowed=j["requeue_allowed"] and self.report_requeue_flag,
-                   held=j["held"])
+                   held=j["held"], start_time=j["start_time"])
 
     def list_jobs(self, job_ids=None) -> list[Job]:
         self.list_calls += 1
@@ -1577,3 +1577,22 @@ def test_a_pause_point_holds_before_its_step_until_the_file_goes(store, clock, t
     pause.unlink()
     assert done.wait(10) and slurm.calls["release"] == 1
     assert act.on_step.pause_before == ""
+
+
+# -- issue 22: a run slurmctld began again at the same restart count ----------------
+
+def test_a_decision_on_a_run_slurmctld_replaced_expires_and_the_new_runs_acts(store, clock):
+    slurm = FakeSlurm(state="FAILED")
+    slurm.job["start_time"] = 1_000
+    first = add_job_rec(store, slurm, run_start=1_000)
+    # before the actuator got to it, slurmctld (back from older state) ran the
+    # attempt again at restart count 0, and that run failed too
+    slurm.job["start_time"] = 2_000
+    second = add_job_rec(store, slurm, run_start=2_000)
+    act = make_actuator(store, slurm, clock)
+    act.run_once()
+    rec = store.rec(first)
+    assert rec.status == "expired" and "ran the attempt again" in rec.error
+    drive(act, store, second, clock)
+    assert store.rec(second).status == "done"
+    assert slurm.calls["requeue_hold"] == 1 and slurm.job["restart_count"] == 1

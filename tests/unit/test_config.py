@@ -200,3 +200,40 @@ def test_check_notes_an_inherited_key_without_failing_or_counting_it(tmp_path, m
     assert "NOTE  config environments.prod.max_restarts" in result.output
     assert result.output.splitlines()[-1] == "1 of 1 checks passed"
     assert check.config_notes(config.load(EXAMPLE, environ={})) == []   # the example is clean
+
+
+@pytest.mark.parametrize("var, text", [
+    ("RECOVERY_HOOKS_TIMEOUT", "1.5s"), ("RECOVERY_HOOKS_TIMEOUT", " 250ms "),
+    ("RECOVERY_HOOKS_XID_WINDOW", "01:30:00"), ("RECOVERY_HOOKS_XID_WINDOW", "1h30m"),
+    ("RECOVERY_HOOKS_XID_WINDOW", "2-00"), ("RECOVERY_HOOKS_XID_WINDOW", "45"),
+    ("RECOVERY_HOOKS_EXPECTED_GPUS", "8"), ("RECOVERY_HOOKS_PREFLIGHT", "enforce"),
+    ("RECOVERY_HOOKS_AGENT_URL", "http://agent.example:8787"),
+    ("RECOVERY_HOOKS_SPOOL_DIR", "/var/spool/x/{node}"),
+])
+def test_one_override_rule_for_the_hooks_and_the_agent(var, text):
+    """What recovery-ctl show config applies (the agent's load) is what a hook
+    with the same environment does (slurm_hooks.settings)."""
+    from slurm_hooks import settings
+    environ = {"RECOVERY_CONFIG": str(EXAMPLE), var: text}
+    light = settings.load(environ)
+    full = config.load(EXAMPLE, environ=environ).hooks
+    assert light.problems == []
+    key = var.removeprefix("RECOVERY_HOOKS_").lower()
+    assert getattr(light, key) != settings.load({"RECOVERY_CONFIG": str(EXAMPLE)}).__dict__[key]
+    for name in settings.DEFAULTS:
+        assert getattr(light, name) == getattr(full, name), name
+
+
+@pytest.mark.parametrize("var, text", [("RECOVERY_HOOKS_TIMEOUT", "soon"),
+                                       ("RECOVERY_HOOKS_EXPECTED_GPUS", "eight"),
+                                       ("RECOVERY_HOOKS_PREFLIGHT", "always")])
+def test_an_override_the_rule_refuses_is_an_error_in_the_agent_and_logged_by_hooks(var, text):
+    from slurm_hooks import settings
+    environ = {"RECOVERY_CONFIG": str(EXAMPLE), var: text}
+    with pytest.raises(ConfigError, match=var):
+        config.load(EXAMPLE, environ=environ)
+    light = settings.load(environ)
+    (problem,) = light.problems
+    assert problem.startswith(f"{var}: ")
+    key = var.removeprefix("RECOVERY_HOOKS_").lower()
+    assert getattr(light, key) == getattr(config.load(EXAMPLE, environ={}).hooks, key)

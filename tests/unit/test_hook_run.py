@@ -407,3 +407,40 @@ def test_replayer_stops_when_the_spool_is_empty_and_gives_up_at_its_window():
     refused = Spool(1, takes=False)
     assert replay.run(refused, sleep=slept.append) is False
     assert refused.tries == len(replay.PAUSES) and sum(replay.PAUSES) == replay.WINDOW
+
+
+# -- issue 22: the hooks take RECOVERY_HOOKS_* overrides by the agent's rule ----------
+
+def test_the_real_hook_takes_environment_overrides_over_its_file(node, munge_socket):
+    # the file names a closed port, munge's default socket and the node's log;
+    # the environment names a listening agent, a running munged, another log,
+    # more GPUs, and a timeout the rule cannot read
+    agent = LateAgent(closed_port())
+    agent.start()
+    try:
+        result = run_hook(node, RECOVERY_HOOKS_AGENT_URL=f"http://127.0.0.1:{agent.port}",
+                          RECOVERY_HOOKS_MUNGE_SOCKET=munge_socket,
+                          RECOVERY_HOOKS_LOG_FILE=str(node / "override.log"),
+                          RECOVERY_HOOKS_EXPECTED_GPUS="4", RECOVERY_HOOKS_TIMEOUT="soon")
+    finally:
+        agent.stop()
+    assert result.returncode == 0, result.stderr
+    (report,) = agent.got
+    assert report["job"]["job_id"] == "4711" and report["signed"] and spooled(node) == []
+    # expected_gpus=4 from the environment: two GPUs seen is a preflight fault
+    assert report["preflight"]["faults"] == ["2 GPUs visible, 4 expected"]
+    assert not (node / "hooks.log").exists()
+    log = (node / "override.log").read_text()
+    assert "RECOVERY_HOOKS_TIMEOUT: expected a duration" in log and "using 0.3" in log
+
+
+def test_an_override_the_hooks_cannot_read_keeps_the_file_value(node, configure):
+    configure(preflight="enforce")
+    (node / "kern.log").write_text(XID79)
+    # a preflight mode the rule refuses does not lower enforce to report
+    result = run_hook(node, RECOVERY_HOOKS_PREFLIGHT="lenient")
+    assert result.returncode == 1 and "fatal XID" in result.stderr
+    assert "RECOVERY_HOOKS_PREFLIGHT: must be one of off, report, enforce" in \
+        (node / "hooks.log").read_text()
+    # a valid one applies: report mode lets the job start
+    assert run_hook(node, RECOVERY_HOOKS_PREFLIGHT="report").returncode == 0

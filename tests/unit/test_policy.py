@@ -381,7 +381,8 @@ def test_action_mode_stores_a_proposed_recommendation_with_its_audit(tmp_path):
                                   "confidence": 0.95, "nodes": ["n1"],
                                   "gpus": ["0000:3b:00"], "reason": HW.reason,
                                   "action": "requeue_exclude", "signature": "",
-                                  "suspects": [], "unexplained": False, "where": []}
+                                  "suspects": [], "unexplained": False, "where": [],
+                                  "ran_on": ["n1", "n2"]}
     assert rec.restart_at == 0 and rec.attempt == 0
     assert (rec.job_id, rec.cluster, rec.env, rec.trigger) == \
         ("77", "c1", "prod", "ended")

@@ -24,6 +24,7 @@ import click
 from recovery_agent import config
 from recovery_agent.agent import main as agent
 from recovery_agent.interfaces.ctl import main as ctl
+from slurm_hooks import overrides
 from slurm_hooks import settings as hook_settings
 
 from .devcluster.cli import main as devcluster
@@ -126,14 +127,12 @@ def _md(text: str) -> str:
 
 
 def env_var(section: str, key: str) -> str:
-    return f"RECOVERY_{section}_{key}".upper()
+    return overrides.variable(section, key)
 
 
 def _entry(name: str, spec: Field, env: str | None, usage: str = "") -> list[str]:
     default = _toml(_default(spec), bool(spec.metadata.get("duration")))
     where = f"environment `{env}`" if env else "no environment variable"
-    if env and usage:
-        where += " (agent only)"
     head = f"- **`{name}`**: {_kind(spec)}; {where}"
     lines = []
     if len(default) > 48:
@@ -189,8 +188,12 @@ environment as `RECOVERY_<SECTION>_<KEY>`, upper case, e.g.
 are parsed as in the file (`true`/`false`, `1`/`0`, `yes`/`no` for booleans) and
 checked the same way; an error names the variable. Environments have no variable
 form: change their mode at run time with `recovery-ctl mode ENV MODE`. The node
-hooks read `[hooks]` from the file only: `RECOVERY_HOOKS_*` variables change what
-the agent and `recovery-ctl show config` report, not what the hooks do.
+hooks apply `RECOVERY_HOOKS_*` by the same rule (`slurm_hooks/overrides.py`), so
+`recovery-ctl show config` run with a hook's environment shows what that hook does.
+Slurm starts the hooks with an environment of its own making, so such a variable
+reaches them only from their wrapper (`prolog.sh`, `epilog.sh`, `healthcheck.sh`):
+a job's environment never does. A hook logs a variable it cannot read, and keeps
+the file's value.
 
 | variable | read by | meaning |
 |---|---|---|
@@ -203,8 +206,10 @@ compute nodes, with a reader of their own (`slurm_hooks/settings.py`) that keeps
 the job start path light. It fails open: a missing file gives the defaults, and
 an unknown key or a bad value is logged in the hook log and replaced by its
 default, never fatal. The agent and `recovery-ctl check` validate the same
-section strictly. `{node}` in a path is replaced by the node's name (e.g.
-`spool_dir = "/var/spool/slurm-recovery/{node}"` on a shared file system).
+section strictly. The `RECOVERY_HOOKS_*` variables below apply to the hooks as
+to the agent (set them in the hook wrappers). `{node}` in a path is replaced by
+the node's name (e.g. `spool_dir = "/var/spool/slurm-recovery/{node}"` on a
+shared file system).
 """,
     "sources": """\
 External stores (Prometheus/VictoriaMetrics with DCGM-exporter series, Grafana
