@@ -123,13 +123,18 @@ _HANDLER = re.compile(r"ucs_handle_error|ucs_error_signal_handler|__sigaction|__
 _FABRIC_CODE = re.compile(r"lib(?:nccl|rccl|ibverbs|mlx[45]|rdmacm|efa|fabric|ucs|ucp|uct|ucm"
                           r"|psm2|hcoll|sharp)\b"
                           r"|\bmca_(?:btl|pml|mtl|coll|osc)_|\bp?nccl[A-Z]\w*|\bibv_\w+"
-                          r"|\bmlx[45]_\w+|\bu(?:ct|cp)_\w+")
+                          r"|\bmlx[45]_\w+|\bu(?:ct|cp)_\w+|^the process group backend\b")
 # the CUDA driver and NVIDIA's user-space driver libraries (libcuda's cu* entry
 # points): entered only from the job's own calls, so a crash there repeats with
 # the same code and driver (an invalid handle or pointer passed in, a driver
 # regression) unless node evidence (an XID) blames the GPU
 _DRIVER_CODE = re.compile(r"lib(?:cuda|nvidia-[\w-]+|nvcuda)\b|\bcu[A-Z][A-Za-z]+(?:_v\d)?\b")
 _SYSTEM_CODE = re.compile(f"{_FABRIC_CODE.pattern}|{_DRIVER_CODE.pattern}")
+# faulthandler's dump (signal.faulthandler_* rules): the crashing thread's
+# header, and a frame of torch.distributed's collective API under it
+_CURRENT_THREAD = "signal.faulthandler_current_thread"
+_COLLECTIVE_FRAME = re.compile(r'File "[^"]*torch/distributed/distributed_c10d\.py", line \d+ '
+                               r"in (?P<call>\w+)")
 _BUS = re.compile(r"Bus error|SIGBUS|[Ss]ignal 7\b")
 _FRAME_WINDOW = 40          # lines after a fault report where its backtrace is read
 
@@ -383,10 +388,31 @@ def _fault_object(winner: Detection, chosen: list[tuple[int, Detection]],
         near += [d for d in combined if d.line is not None
                  and start <= d.line <= start + _FRAME_WINDOW
                  and d.evidence and d.evidence[0].source == source]
+    collective = _collective_frame(sorted(near, key=lambda d: d.line or 0))
+    if collective:
+        return collective
     for text in dict.fromkeys(_text(d) for d in sorted(near, key=lambda d: d.line or 0)):
         match = _GDB_FROM.search(text) or _FRAME.search(text) or _KERNEL_IN.search(text)
         if match and not _HANDLER.search(match.group("where")) and not _HANDLER.search(text):
             return match.group("where")
+    return None
+
+
+def _collective_frame(near: Sequence[Detection]) -> str | None:
+    """The crashing thread's innermost Python frame, when faulthandler's dump
+    puts it in a torch.distributed collective (the line right after the
+    "Current thread" header): the fault is in the process group's backend
+    (NCCL, Gloo), which ``_FABRIC_CODE`` reads as the communication stack."""
+    header = None
+    for d in near:
+        if d.rule == _CURRENT_THREAD:
+            header = d
+            continue
+        if header is not None and d.line is not None and header.line is not None:
+            match = _COLLECTIVE_FRAME.search(_text(d))
+            if match and d.line == header.line + 1:
+                return f"the process group backend (torch.distributed {match.group('call')})"
+            header = None if d.line > header.line + 1 else header
     return None
 
 

@@ -54,6 +54,9 @@ _TASKS_PER_NODE = re.compile(r"\bSLURM_(?:STEP_|JOB_)?TASKS_PER_NODE[=:] ?(\d+(?
                              r"(?:,\d+(?:\(x\d+\))?)*)")
 _SRUN_LAUNCH = re.compile(r"launching (?:StepId=)?(\S+) on host ([A-Za-z0-9][\w.-]*), \d+ tasks?: "
                           r"\[?([\d,-]+)\]?")
+# srun -v (launch.c _task_start): "Node %s, %d tasks started", once per node of
+# the step: a node the job ran on
+_SRUN_STARTED = re.compile(r"\bsrun: Node ([A-Za-z0-9][\w.-]*), \d+ tasks? started")
 _STEP_NODELIST = re.compile(r"\bSLURM_STEP_NODELIST[=:] ?([A-Za-z0-9][\w.\[\],-]*)")
 _NCCL_RANK = re.compile(r"(?:^|\s)([A-Za-z0-9][\w.-]*):\d+:\d+ \[\d+\] NCCL INFO .*?"
                         r"\bcomm 0x[0-9a-f]+ rank (\d+) n[Rr]anks (\d+)")
@@ -67,7 +70,8 @@ _SUMMARY = re.compile(r"^\s*(?:\[\w+\]:\s*)?(host|rank)\s*:\s*([\w.-]+)")
 def parse_layout(lines: Iterable[str]) -> Layout:
     """Nodes, rank -> host, IP -> host and srun task -> host from lines the job
     itself printed: slurmctld/``SLURM_JOB_NODELIST`` node lists (with
-    ``SLURM_TASKS_PER_NODE``, ranks in block order), ``srun -v`` launch lines,
+    ``SLURM_TASKS_PER_NODE``, ranks in block order), ``srun -v`` launch lines
+    (and its "Node X, N tasks started": a node of the job),
     NCCL's communicator init and bootstrap lines (the widest communicator
     wins), torchrun's failure summaries (``host :`` then ``rank :``), and the
     line prefixes (:func:`~.origin.line_origin`) that put an srun ``--label``
@@ -102,6 +106,10 @@ def parse_layout(lines: Iterable[str]) -> Layout:
                 for task in _ranks(match.group(3)):
                     ranks.setdefault(task, host)
                     step_tasks.setdefault(step, {})[task] = host
+        if "tasks started" in line or "task started" in line:
+            match = _SRUN_STARTED.search(line)
+            if match and match.group(1) not in nodes:
+                nodes.append(match.group(1))
         if "SLURM_STEP_NODELIST" in line:
             for match in _STEP_NODELIST.finditer(line):
                 steps.setdefault("env:" + match.group(1), _expand(match.group(1)))

@@ -23,7 +23,7 @@ def all_detections(detections: Sequence[Detection],
     (rank -> host, address -> host), then the context's node reports, NODE_FAIL
     nodes and bad node states as detections of their own."""
     context = context or AttributionContext()
-    out = [_vetted(_fill_host(d, context), context) for d in detections]
+    out = _teardown_exits([_vetted(_fill_host(d, context), context) for d in detections])
     for event in context.node_events:
         if _in_window(event, context.window):
             out.append(_node_event(_fill_host(event, context)))
@@ -117,6 +117,49 @@ def _vetted(d: Detection, context: AttributionContext) -> Detection:
         return d
     return replace(d, host=",".join(own) or None,
                    detail=f"{d.detail} [names {d.host}, outside the job's nodes: ignored]")
+
+
+# Information lines after which a task exit is teardown, not a failure: Slurm
+# requeued the job (every later exit in that log is the requeue's), or a
+# cleanup killall found nothing left to kill (the exit right after it is the
+# killall's own status 1).
+_REQUEUED = frozenset({"slurm.requeued"})
+_NOTHING_KILLED = frozenset({"signal.killall_found_nothing"})
+_CLEANUP_REACH = 3          # lines between killall's report and srun's exit line
+
+
+def _teardown_exits(detections: list[Detection]) -> list[Detection]:
+    """Exit reports (task exits, aborts) that follow a requeue notice in the
+    same log, or come right after a killall that found nothing (with no other
+    failure line between them), demoted to information: they report the
+    requeue's or the cleanup's end, not the job's failure. Causes and symptoms
+    are never demoted."""
+    out = list(detections)
+    requeued: dict[str, int] = {}
+    cleanup: tuple[str, int] | None = None
+    for index, d in enumerate(detections):
+        source = d.evidence[0].source if d.evidence else ""
+        if d.rule in _REQUEUED and d.line is not None:
+            requeued.setdefault(source, d.line)
+            continue
+        if d.rule in _NOTHING_KILLED and d.line is not None:
+            cleanup = (source, d.line)
+            continue
+        if d.severity == "info":
+            continue
+        if d.role != "exit" or d.line is None:
+            cleanup = None
+            continue
+        why = ""
+        if source in requeued and requeued[source] < d.line:
+            why = "after Slurm requeued the job: the requeue's teardown"
+        elif cleanup and cleanup[0] == source and 0 < d.line - cleanup[1] <= _CLEANUP_REACH:
+            why = "right after a killall that found nothing to kill: the cleanup's own status"
+        cleanup = None
+        if why:
+            out[index] = replace(d, severity="info", action_hint="none",
+                                 detail=f"{d.detail} [{why}]")
+    return out
 
 
 def _in_window(d: Detection, window: tuple[float, float] | None) -> bool:

@@ -13,7 +13,9 @@ patterns test`` does, and the verdict is compared with the labels:
   whose verdict names one: to exclude (``nodes``, ``gpus``, ``links``), as a
   suspect, or as where the failure happened (``where``) (recall); and, of the
   rows whose text names none, those whose verdict names none;
-* **benign fired**: benign rows on which any rule fired above ``info``.
+* **benign fired**: benign rows on which any rule fired above ``info``, as
+  attribution weighs the lines (its context may demote one: a task exit
+  after a requeue notice).
 
 A row that is not well formed is reported with its line number and field and
 left out; the rest are scored. Pure: no I/O but what the caller hands in.
@@ -27,6 +29,7 @@ from typing import Iterable, Sequence
 
 from .attribution import attribute
 from .context import context_from_lines
+from .evidence import all_detections
 from .model import CATEGORIES, Detection, Verdict
 
 LABEL_CATEGORIES = (*CATEGORIES, "benign")
@@ -153,8 +156,11 @@ def _clean(line: str) -> str:
 
 def judge(scanner, row: Row) -> Judged:
     detections = scanner.scan_lines(row.lines, source=row.id)
-    verdict = attribute(detections, context_from_lines(row.lines))
-    return Judged(row, verdict, tuple(detections))
+    context = context_from_lines(row.lines)
+    verdict = attribute(detections, context)
+    # what attribution weighed (``rests_on`` indexes it): a line its context
+    # demoted to information (a task exit after a requeue) did not fire
+    return Judged(row, verdict, tuple(all_detections(detections, context)))
 
 
 @dataclass

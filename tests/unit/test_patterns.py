@@ -136,7 +136,8 @@ def test_issue_families_are_covered(line, category):
     "be retrieved. err=-3",
 ])
 def test_benign_noise_does_not_fire(line):
-    assert SCANNER.scan_lines([line]) == []
+    # information-level rules (a requeue notice) may note a line; none fires
+    assert [d.rule for d in SCANNER.scan_lines([line]) if d.severity != "info"] == []
 
 
 # -- the loader ------------------------------------------------------------------
