@@ -69,9 +69,13 @@ def train_job(submit, devcluster, tmp_path, env: str, steps_: int = 400) -> tupl
     xid_log = str(devcluster.lay.kernel_log("NODE")).replace("NODE", "{node}")
     script = (f"srun --kill-on-bad-exit=1 {sys.executable} {TRAIN} --ckpt-dir {ckpt} "
               f"--steps {steps_} --step-time 0.1 --ckpt-every 20 --xid-log {xid_log}")
+    # the output's name is this test's own: after slurmctld loses its state (the
+    # fault tests) a job id comes again, and an appended train-%j.out would hold
+    # the earlier job's lines
+    name = f"train-{tmp_path.parent.name}-{tmp_path.name}"
     job_id = submit("-N2", "--ntasks-per-node=1", "--open-mode=append", "--requeue",
-                    f"--recovery={env}", "-o", "train-%j.out", script=script)
-    return job_id, devcluster.lay.jobs / f"train-{job_id}.out"
+                    f"--recovery={env}", "-o", f"{name}-%j.out", script=script)
+    return job_id, devcluster.lay.jobs / f"{name}-{job_id}.out"
 
 
 def output_has(path: Path, text: str, count: int = 1) -> bool:
