@@ -130,7 +130,7 @@ def blame_checks(store: Store, cfg: Config, since: float, until: float, now: flo
     for blame in blames.values():
         mine = attempt_of[blame.rec]
         facts = [NodeFact(time=f["time"], kind=f["kind"], bad=bool(f["bad"]),
-                          detail=str(f.get("detail") or ""), rec=f.get("rec"))
+                          detail=_shown(f, user), rec=f.get("rec"))
                  for f in store.node_facts(blame.node, blame.time,
                                            min(now, blame.time + horizon))
                  # the failed attempt's own late reports and strikes are the blame's
@@ -140,6 +140,15 @@ def blame_checks(store: Store, cfg: Config, since: float, until: float, now: flo
                          and f["time"] <= blame.time + 600)]
         checks.append(check_blame(blame, facts, horizon))
     return blame_summary(checks)
+
+
+def _shown(fact: dict, user: str | None) -> str:
+    """A fact's detail (a job id, a hook, a category) as ``user`` may see it:
+    another user's job on the node counts as evidence, but says nothing of
+    that job, as the node pages do for others' strikes."""
+    if user is not None and fact.get("job") is not None and (fact.get("job_user") or "") != user:
+        return ""
+    return str(fact.get("detail") or "")
 
 
 def _submitted(row: dict) -> SubmittedJob:

@@ -194,6 +194,12 @@ class RestScheduler:
         if exact is None and asked != job_id:
             raise JobNotFound(f"job {job_id} not found: array {asked} has no such pending "
                               f"tasks any more", argv=["GET", path])
+        if exact is None and "_" in job_id:
+            # 23.11+ answers a task's lookup with every task of its array: a task
+            # that is not among them is gone, never a sibling (an update would
+            # then go to the sibling's own job id)
+            raise JobNotFound(f"job {job_id} not found: its array's answer lacks it",
+                              argv=["GET", path])
         return exact or jobs[0]
 
     def list_nodes(self, names: Iterable[str] | None = None) -> list[Node]:

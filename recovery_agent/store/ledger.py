@@ -99,17 +99,20 @@ class LedgerQueries:
         carried XIDs), strikes blamed on it (``strike``; a hang's suspicion of
         every node of the job is left out), attempts that started there and
         completed (``job``) and our resumes of it (``resume``). Each names
-        its job's row id and attempt where it has one."""
+        its job's row id, attempt and user (``job_user``) where it has one."""
         facts = [dict(r, kind="report") for r in self.db.query(
             "select r.received as time, r.job, r.attempt, r.hook as detail, "
+            "(select user from jobs where id = r.job) as job_user, "
             "(r.gpu_ok = 0 or exists (select 1 from xids x where x.report = r.id)) as bad "
             "from node_reports r where r.node = ? and r.received > ? and r.received <= ?",
             [node, after, until])]
         facts += [dict(r, kind="strike", bad=1, attempt=None) for r in self.db.query(
-            "select ts as time, job, category as detail from strikes where node = ? "
+            "select ts as time, job, category as detail, "
+            "(select user from jobs where id = strikes.job) as job_user from strikes where node = ? "
             "and ts > ? and ts <= ? and category != 'hang_suspect'", [node, after, until])]
         facts += [dict(r, kind="job", bad=0) for r in self.db.query(
-            "select a.start_time as time, a.job, a.attempt, j.job_id as detail from attempts a "
+            "select a.start_time as time, a.job, a.attempt, j.job_id as detail, j.user as job_user "
+            "from attempts a "
             "join jobs j on j.id = a.job where a.start_time > ? and a.start_time <= ? and "
             "a.state = 'COMPLETED' and exists (select 1 from json_each(a.nodes) n where "
             "n.value = ?)", [after, until, node])]

@@ -738,3 +738,18 @@ def test_goodput_endpoint_shows_a_user_their_own_jobs(store, monkeypatch):
     assert client.get("/v1/goodput", params={"since": "last week"},
                       headers=root_h).status_code == 422
     assert client.get("/v1/goodput", params={"since": "2d"}, headers=root_h).status_code == 200
+
+
+def test_a_users_blame_evidence_does_not_name_other_users_jobs(store):
+    """ana's job blamed node2; bob's job then completed there. ana's ledger
+    counts it as clearing evidence but shows nothing of bob's job (the node
+    pages show others' strikes the same way); an admin's shows its id."""
+    _xid_recovery(store)                       # ana's 4410 blames node2
+    _attempt(store, "4432", 0, T + 600, T + 900, "COMPLETED", nodes=("node2",), gpus=0,
+             user="bob")
+    mine = gather.report(store, CFG, T - 10, T + 1000, now=T + 2000, user="ana")["blame"]
+    assert mine["cleared"] == 1
+    (evidence,) = mine["detail"][0]["evidence"]
+    assert evidence["kind"] == "job" and "4432" not in json.dumps(mine)
+    admin = gather.report(store, CFG, T - 10, T + 1000, now=T + 2000)["blame"]
+    assert admin["detail"][0]["evidence"][0]["detail"] == "4432"

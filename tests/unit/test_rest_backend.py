@@ -102,6 +102,21 @@ def test_2411_array_task_update_goes_to_the_tasks_own_job_id(fake, server, tmp_p
                      ("/slurm/v0.0.42/job/1", {"hold": False})]
 
 
+def test_2411_a_task_missing_from_its_arrays_answer_is_not_found(fake, server, tmp_path):
+    """24.11 answers a task's lookup with every task of the array: a task that
+    is not among them is gone, never a sibling (an update would go to the
+    sibling's own id)."""
+    v42(fake)
+    fake.answer("GET", "/slurm/v0.0.42/job/1_5",
+                Answer(body=recorded("24.11", "rest_job_array_task.json")))
+    sched = rest(server, token_file=token_file(tmp_path))
+    with pytest.raises(JobNotFound):
+        sched.lookup_job("1_5")
+    with pytest.raises(JobNotFound):
+        sched.release("1_5")
+    assert fake.requests("POST") == []
+
+
 def test_2411_a_resumed_nodes_leftover_reason_reads_as_none(fake, server, tmp_path):
     """24.11 keeps a drain's reason after state=RESUME (recorded live: the
     node IDLE, the reason still there): it no longer says why the node is out."""
