@@ -337,7 +337,7 @@ def test_unsupported_features_are_none_not_errors(fake_lib, tmp_path):
     '{"gpus": [{"not_supported": ["warp_drive"]}]}',
     '{"gpus": [{"not_supported": "ecc"}]}',
     '{"gpus": [{"nvlink_replay": [1, -1]}]}',
-    '{"gpus": [{"nvlink_crc_flit": [' + ",".join(["0"] * 19) + "]}]}",
+    '{"gpus": [{"nvlink_crc_flit": [' + ",".join(["0"] * 37) + "]}]}",
     '{"gpus": [{"retired_pages_sbe": 5000}]}',
     '{"gpus": [{"ecc_volatile_corrected": true}]}',
 ])
