@@ -344,3 +344,31 @@ def test_unsupported_features_are_none_not_errors(fake_lib, tmp_path):
 def test_garbled_precursor_state(fake_lib, tmp_path, text):
     result = snap(fake_lib, write_state(tmp_path, text))
     assert result["ok"] is False and result["error"] == "Unknown Error"
+
+
+def test_fake_counters_through_pynvml_score_as_degraded(fake_lib, tmp_path):
+    """End to end: the fake's counters rise between snapshots, pynvml reads
+    them, and the degradation score sees the SBE rate and the pending remap;
+    the second GPU (an older one, NOT_SUPPORTED everywhere) scores 0."""
+    from recovery_agent.config.schema import ProactiveConfig
+    from recovery_agent.detect import degradation as dg
+
+    states = []
+    for step in range(4):
+        state = healthy(2)
+        state["gpus"][0].update(ecc_volatile_corrected=200 * step,
+                                remapped_rows_pending=step == 3)
+        state["gpus"][1]["not_supported"] = ["ecc", "remapped_rows", "retired_pages",
+                                             "nvlink_errors", "clock_reasons"]
+        states.append(write_state(tmp_path, state, f"s{step}.json"))
+    results = run_child(fake_lib, states)["results"]
+    assert all(r["ok"] for r in results)
+    readings = []
+    for step, result in enumerate(results):
+        readings += dg.readings_from_snapshot("node1", 1_700_000_000 + step * 1800.0, result)
+    scores = dg.score_node(readings, ProactiveConfig())
+    worn = scores[results[0]["gpus"][0]["uuid"]]
+    old = scores[results[0]["gpus"][1]["uuid"]]
+    assert set(worn.rules) == {"sbe_rate", "row_remap_pending"}
+    assert worn.level == "degraded"
+    assert old.score == 0 and "row_remap_pending" in old.no_data
