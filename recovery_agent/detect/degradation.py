@@ -133,26 +133,36 @@ def readings_from_snapshot(node: str, time: float, snapshot: Mapping[str, Any]) 
         if not isinstance(gpu, Mapping) or gpu.get("lost"):
             continue
         key = gpu.get("uuid") or f"index:{gpu.get('index')}"
-        sbe, dbe = gpu.get("retired_pages_sbe"), gpu.get("retired_pages_dbe")
+        sbe, dbe = _count(gpu.get("retired_pages_sbe")), _count(gpu.get("retired_pages_dbe"))
         values: dict[str, Any] = {
-            "ecc_sbe": gpu.get("ecc_volatile_corrected"),
-            "ecc_sbe_aggregate": gpu.get("ecc_aggregate_corrected"),
-            "ecc_dbe": gpu.get("ecc_volatile_uncorrected"),
-            "ecc_dbe_aggregate": gpu.get("ecc_aggregate_uncorrected"),
-            "remap_pending": gpu.get("remapped_rows_pending"),
-            "remap_failure": gpu.get("remapped_rows_failure"),
-            "retired_pending": gpu.get("retired_pages_pending"),
+            "ecc_sbe": _count(gpu.get("ecc_volatile_corrected")),
+            "ecc_sbe_aggregate": _count(gpu.get("ecc_aggregate_corrected")),
+            "ecc_dbe": _count(gpu.get("ecc_volatile_uncorrected")),
+            "ecc_dbe_aggregate": _count(gpu.get("ecc_aggregate_uncorrected")),
+            "remap_pending": _flag(gpu.get("remapped_rows_pending")),
+            "remap_failure": _flag(gpu.get("remapped_rows_failure")),
+            "retired_pending": _flag(gpu.get("retired_pages_pending")),
             "retired_pages": None if sbe is None and dbe is None else (sbe or 0) + (dbe or 0),
-            "throttle_reasons": gpu.get("throttle_reasons"),
+            "throttle_reasons": _count(gpu.get("throttle_reasons")),
         }
         for link in gpu.get("nvlink") or ():
-            if not isinstance(link, Mapping):
+            if not isinstance(link, Mapping) or _count(link.get("link")) is None:
                 continue
             for name in ("replay", "recovery", "crc_flit", "crc_data"):
-                if link.get(name) is not None:
-                    values[f"nvlink.{link.get('link')}.{name}"] = link[name]
+                if _count(link.get(name)) is not None:
+                    values[f"nvlink.{link['link']}.{name}"] = link[name]
         out.append(Reading(time=float(time), node=node, gpu=str(key), values=values))
     return out
+
+
+def _count(value) -> int | None:
+    """A counter as a report carries it: a non-negative int, else no data."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
+        else None
+
+
+def _flag(value) -> bool | None:
+    return value if isinstance(value, bool) else None
 
 
 def counter_increase(points: Sequence[tuple[float, Any]]) -> tuple[float, float, int]:
@@ -298,14 +308,19 @@ def node_level(scores: Mapping[str, Score]) -> tuple[float, str]:
     return (worst.score, worst.level) if worst is not None else (0.0, "ok")
 
 
-def score_change(previous: Score | None, current: Score) -> dict | None:
+def score_change(previous: Score | Mapping[str, Any] | None, current: Score) -> dict | None:
     """The evidence record for the node's timeline when the score, the level or
-    the fired rules changed since ``previous`` (None: never scored); None when
-    nothing changed. Storing it is the caller's job."""
-    before_rules = previous.rules if previous else ()
-    before = (previous.score, previous.level) if previous else (0.0, "ok")
+    the fired rules changed since ``previous`` (a Score, the last record this
+    returned, or None: never scored); None when nothing changed. Storing it is
+    the caller's job."""
+    if isinstance(previous, Mapping):
+        before_rules = tuple(r.get("rule") for r in previous.get("rules") or ())
+        before = (previous.get("score", 0.0), previous.get("level", "ok"))
+    else:
+        before_rules = previous.rules if previous else ()
+        before = (previous.score, previous.level) if previous else (0.0, "ok")
     if previous is not None and (current.score, current.level, current.rules) == (
-            previous.score, previous.level, previous.rules):
+            *before, before_rules):
         return None
     if previous is None and current.score == 0:
         return None
