@@ -157,7 +157,8 @@ def main(ctx: click.Context, config_path: str | None, bind: str | None, port: in
     store = open_store(cfg, lock)
     fence = fence_for(cfg, store, lock)
     sched = scheduler_for(cfg)
-    ingest = Ingest(store, cfg.agent.cluster, JobCache(sched) if sched is not None else None)
+    ingest = Ingest(store, cfg.agent.cluster, JobCache(sched) if sched is not None else None,
+                    proactive=cfg.proactive)
     app = create_app(cfg, ingest)
     stop = threading.Event()
     if not no_watch:

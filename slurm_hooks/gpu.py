@@ -11,6 +11,13 @@ answers pynvml's later dlopen with the object already in the process. After
 init the two handles are compared, so a process that had already loaded some
 other libnvidia-ml.so.1 gets an error rather than a reading from the wrong
 library.
+
+The precursor counters (corrected ECC, remapped-row counts, retired-page
+counts, per-link NVLink error counters) come with the health fields. A call
+the GPU or driver does not support (NVML_ERROR_NOT_SUPPORTED: row remapping
+before Ampere, page retirement from Ampere on, no ECC) leaves its fields None
+and names them in the GPU's ``unsupported`` list, not in ``errors``: a
+missing feature is not a fault.
 """
 from __future__ import annotations
 
@@ -42,9 +49,15 @@ def _gpu(nvml, index: int) -> dict:
            "ecc_aggregate_uncorrected": None, "retired_pages_pending": None,
            "remapped_rows_pending": None, "remapped_rows_failure": None,
            "temperature_c": None, "throttle_reasons": None, "nvlink": None,
-           "memory_total_bytes": None, "lost": False, "errors": {}}
+           "memory_total_bytes": None, "ecc_volatile_corrected": None,
+           "ecc_aggregate_corrected": None, "remapped_rows_correctable": None,
+           "remapped_rows_uncorrectable": None, "retired_pages_sbe": None,
+           "retired_pages_dbe": None, "lost": False, "unsupported": [], "errors": {}}
 
     def failed(fields, exc) -> None:
+        if getattr(exc, "value", None) == nvml.NVML_ERROR_NOT_SUPPORTED:
+            gpu["unsupported"].extend(f for f in fields if f not in gpu["unsupported"])
+            return
         for name in fields:
             gpu["errors"][name] = str(exc)
         if getattr(exc, "value", None) == nvml.NVML_ERROR_GPU_IS_LOST:
@@ -71,15 +84,27 @@ def _gpu(nvml, index: int) -> dict:
     read("name", lambda: nvml.nvmlDeviceGetName(handle), _text)
     read(("pci_bus_id", "pci_short"), lambda: nvml.nvmlDeviceGetPciInfo(handle),
          lambda info: normalize_bus_id(_text(info.busId)))
-    for field, counter in (("ecc_volatile_uncorrected", nvml.NVML_VOLATILE_ECC),
-                           ("ecc_aggregate_uncorrected", nvml.NVML_AGGREGATE_ECC)):
-        read(field, lambda c=counter: nvml.nvmlDeviceGetTotalEccErrors(
-            handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, c), int)
+    for field, kind, counter in (
+            ("ecc_volatile_uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+             nvml.NVML_VOLATILE_ECC),
+            ("ecc_aggregate_uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+             nvml.NVML_AGGREGATE_ECC),
+            ("ecc_volatile_corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+             nvml.NVML_VOLATILE_ECC),
+            ("ecc_aggregate_corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+             nvml.NVML_AGGREGATE_ECC)):
+        read(field, lambda k=kind, c=counter: nvml.nvmlDeviceGetTotalEccErrors(handle, k, c),
+             int)
     read("retired_pages_pending",
          lambda: nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle), bool)
-    read(("remapped_rows_pending", "remapped_rows_failure"),
+    for field, cause in (
+            ("retired_pages_sbe", nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
+            ("retired_pages_dbe", nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)):
+        read(field, lambda c=cause: nvml.nvmlDeviceGetRetiredPages(handle, c), len)
+    read(("remapped_rows_pending", "remapped_rows_failure", "remapped_rows_correctable",
+          "remapped_rows_uncorrectable"),
          lambda: nvml.nvmlDeviceGetRemappedRows(handle),
-         lambda rows: (bool(rows[2]), bool(rows[3])))
+         lambda rows: (bool(rows[2]), bool(rows[3]), int(rows[0]), int(rows[1])))
     read("temperature_c",
          lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU), int)
     read("throttle_reasons", lambda: _clock_reasons(nvml, handle), int)
@@ -112,8 +137,25 @@ def _nvlinks(nvml, handle, gpu: dict, failed) -> None:
                 failed(("nvlink",), exc)
                 return
             break
-        links.append({"link": link, "active": bool(active)})
+        entry = {"link": link, "active": bool(active)}
+        for name, counter in _LINK_COUNTERS:
+            entry[name] = _link_counter(nvml, handle, link, counter, gpu, failed)
+        links.append(entry)
     gpu["nvlink"] = links or None
+
+
+# the per-link error counters of nvmlNvLinkErrorCounter_t, by the names the report uses
+_LINK_COUNTERS = (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3),
+                  ("ecc_data", 4))
+
+
+def _link_counter(nvml, handle, link: int, counter: int, gpu: dict, failed):
+    """One link's counter; None when the link or driver does not keep it."""
+    try:
+        return int(nvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, counter))
+    except nvml.NVMLError as exc:
+        failed((f"nvlink_{_LINK_COUNTERS[counter][0]}",), exc)
+        return None
 
 
 def snapshot(library: str = "", state_file: str = "") -> dict:

@@ -17,8 +17,8 @@ from slurm_hooks import overrides
 from ..errors import ConfigError
 from .schema import (BACKENDS, MODES, REST_AUTHS, REST_FALLBACKS, REST_VERSIONS, SECTIONS,
                      STRAGGLER_ACTIONS, AgentConfig, ApiConfig, AttributionConfig, Config,
-                     EnvironmentConfig, HooksConfig, PolicyConfig, SchedulerConfig,
-                     SourcesConfig)
+                     EnvironmentConfig, HooksConfig, PolicyConfig, ProactiveConfig,
+                     SchedulerConfig, SourcesConfig)
 
 DEFAULT_PATH = Path("/etc/slurm-recovery/recovery.toml")
 ENV_PATH = "RECOVERY_CONFIG"
@@ -139,6 +139,7 @@ def _validate(cfg: Config) -> None:
     _validate_environments(cfg.environments)
     _validate_policy(cfg.policy)
     _validate_sources(cfg.sources)
+    _validate_proactive(cfg.proactive)
 
 
 def _validate_scheduler(sched: SchedulerConfig) -> None:
@@ -293,6 +294,26 @@ def _validate_policy(pol: PolicyConfig) -> None:
         raise ConfigError("policy.lemon_threshold: must not be negative")
     if pol.lemon_half_life <= 0:
         raise ConfigError("policy.lemon_half_life: must be above zero")
+
+
+def _validate_proactive(pro: ProactiveConfig) -> None:
+    if pro.window <= 0:
+        raise ConfigError("proactive.window: must be above zero")
+    if not 0 <= pro.min_span <= pro.window:
+        raise ConfigError("proactive.min_span: must be 0 up to proactive.window")
+    for key in ("sbe_per_hour", "nvlink_replay_per_hour", "nvlink_crc_per_hour",
+                "nvlink_recovery_per_hour"):
+        if getattr(pro, key) <= 0:
+            raise ConfigError(f"proactive.{key}: must be above zero")
+    if pro.retired_pages_limit < 1:
+        raise ConfigError("proactive.retired_pages_limit: must be at least 1")
+    for key in ("retired_pages_near", "slowdown_fraction"):
+        if not 0 < getattr(pro, key) <= 1:
+            raise ConfigError(f"proactive.{key}: must be above 0, at most 1")
+    if pro.slowdown_reasons < 0:
+        raise ConfigError("proactive.slowdown_reasons: must not be negative")
+    if not 0 < pro.degraded_score <= 1:
+        raise ConfigError("proactive.degraded_score: must be above 0, at most 1")
 
 
 _LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

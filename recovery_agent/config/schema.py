@@ -379,10 +379,58 @@ class LedgerConfig:
                                  default=30 * 86400.0)
 
 
+# Clock-event bits (nvml.h nvmlClocksEventReason*) that mean the GPU slowed itself
+# down: HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, HW power brake 0x80. The
+# SW power cap (0x4) and idle (0x1) are left out: a busy GPU at its power limit is
+# working as designed.
+DEFAULT_SLOWDOWN_REASONS = 0x08 | 0x20 | 0x40 | 0x80
+
+
+@dataclass(frozen=True)
+class ProactiveConfig:
+    """Precursor signals and the degradation score (docs/proactive.md). Only the
+    score is built: nothing acts on it yet."""
+
+    window: float = _doc("How far back a GPU's readings count for its degradation score: "
+                         "rates and slowdowns are trends over this window, never one "
+                         "reading.", duration=True, default=6 * 3600.0)
+    min_span: float = _doc("A rate needs readings at least this far apart (first to last "
+                           "in the window) before it can fire, so two readings a few "
+                           "seconds apart never make a rate.", duration=True,
+                           default=900.0)
+    sbe_per_hour: float = _doc("Corrected (single-bit) ECC errors per hour over the window "
+                               "above which the 'sbe_rate' rule fires.", default=100.0)
+    retired_pages_limit: int = _doc("The page retirements a pre-Ampere GPU can make in its "
+                                    "life (NVIDIA's dynamic page retirement: 64).",
+                                    default=64)
+    retired_pages_near: float = _doc("The 'retired_pages_near_limit' rule fires once the "
+                                     "retired pages reach this fraction of "
+                                     "retired_pages_limit (0-1).", default=0.75)
+    nvlink_replay_per_hour: float = _doc("NVLink data-link replays per hour on one link "
+                                         "above which 'nvlink_replay_rising' fires.",
+                                         default=60.0)
+    nvlink_crc_per_hour: float = _doc("NVLink CRC errors (flit plus data) per hour on one "
+                                      "link above which 'nvlink_crc_rising' fires.",
+                                      default=60.0)
+    nvlink_recovery_per_hour: float = _doc("NVLink link recoveries per hour on one link "
+                                           "above which 'nvlink_recovery_rising' fires.",
+                                           default=1.0)
+    slowdown_reasons: int = _doc("Clock-event reason bits (nvml.h) that count as a "
+                                 "slowdown: by default HW slowdown, SW and HW thermal "
+                                 "slowdown and HW power brake (0xE8).",
+                                 default=DEFAULT_SLOWDOWN_REASONS)
+    slowdown_fraction: float = _doc("'thermal_power_slowdown' fires when at least this "
+                                    "fraction of the window's readings (and at least two) "
+                                    "show a slowdown reason (0-1).", default=0.5)
+    degraded_score: float = _doc("A GPU whose score reaches this is 'degraded'; above 0 "
+                                 "and below it, 'watch' (scores run 0-1).", default=1.0)
+
+
 SECTIONS: dict[str, type] = {"agent": AgentConfig, "scheduler": SchedulerConfig,
                              "store": StoreConfig, "api": ApiConfig, "hooks": HooksConfig,
                              "policy": PolicyConfig, "sources": SourcesConfig,
-                             "attribution": AttributionConfig, "ledger": LedgerConfig}
+                             "attribution": AttributionConfig, "ledger": LedgerConfig,
+                             "proactive": ProactiveConfig}
 
 
 @dataclass(frozen=True)
@@ -396,6 +444,7 @@ class Config:
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
     sources: SourcesConfig = field(default_factory=SourcesConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
+    proactive: ProactiveConfig = field(default_factory=ProactiveConfig)
     environments: Mapping[str, EnvironmentConfig] = field(
         default_factory=lambda: {"default": EnvironmentConfig()})
     source: str = ""

@@ -21,6 +21,8 @@ from typing import Any
 
 from slurm_hooks import spec as specs
 
+from ..config.schema import ProactiveConfig
+from ..detect import degradation
 from ..errors import RecoveryError
 from .jobcache import JobCache
 from ..scheduler.base import FINISHED_STATES, Job
@@ -191,10 +193,13 @@ class Ingest:
     submit time 0 and completed when the background refresh lands.
     """
 
-    def __init__(self, store: Store, cluster: str, jobs: JobCache | None = None) -> None:
+    def __init__(self, store: Store, cluster: str, jobs: JobCache | None = None,
+                 proactive: ProactiveConfig | None = None) -> None:
         self.store = store
         self.cluster = cluster
         self.jobs = jobs
+        # thresholds of the degradation score; None scores nothing
+        self.proactive = proactive
         # called with (job row id, attempt, report) for reports that carry
         # log lines, after they are stored (the watch loop scans them)
         self.log_listeners: list = []
@@ -292,6 +297,8 @@ class Ingest:
             report_pk = self.store.add_report(row)
             self._store_xids(report, report_pk, job_pk, attempt)
             self._node_health(report)
+            if self.proactive is not None:
+                self._degradation(report, report_pk, cluster)
             if job_pk is not None:
                 self.store.add_event(job_pk, f"hook_{hook}", _arrival(hook, report, row),
                                      attempt=attempt, source="hooks",
@@ -344,6 +351,30 @@ class Ingest:
                 "time": xid.get("time"), "message": xid.get("message"), "raw": xid["raw"],
                 "fingerprint": fingerprint,
             })
+
+    def _degradation(self, report: dict, report_pk: int, cluster: str) -> None:
+        """Score the node's GPUs on the readings of its reports within the
+        window (this one included) and record each GPU whose score changed."""
+        cfg = self.proactive
+        readings = []
+        # received, not created: a report replayed from a spool counts with the
+        # rest; the window then ends at the newest reading's own time
+        for row in self.store.reports_since(report["node"], time.time() - cfg.window - 60):
+            try:
+                gpus = json.loads(row["gpus"] or "[]")
+            except ValueError:
+                continue
+            readings += degradation.readings_from_snapshot(
+                row["node"], row["created"] or row["received"],
+                {"ok": bool(row["gpu_ok"]), "gpus": gpus})
+        for gpu, score in degradation.score_node(readings, cfg).items():
+            record = degradation.score_change(self.store.last_degradation(report["node"], gpu),
+                                              score)
+            if record is not None:
+                self.store.add_degradation(cluster, record, report_pk)
+                log.info("node=%s gpu=%s: degradation %s -> %s (%s)", report["node"], gpu,
+                         record["previous_level"], record["level"],
+                         ", ".join(r["rule"] for r in record["rules"]) or "no rule fires")
 
     def _node_health(self, report: dict) -> None:
         gpus = report["gpus"]

@@ -307,6 +307,20 @@ def m014_report_runs(db: Database) -> None:
     db["node_reports"].add_column("run_start", float)
 
 
+def m016_node_degradation(db: Database) -> None:
+    """The degradation score's changes per node and GPU (docs/proactive.md): a
+    row each time a GPU's score, level or fired rules changed, with the
+    evidence record (the rules with their values and thresholds) and the node
+    report whose reading made the change."""
+    db["node_degradation"].create({
+        "id": int, "ts": float, "recorded": float, "cluster": str, "node": str, "gpu": str,
+        "score": float, "level": str, "previous_score": float, "previous_level": str,
+        "rules": str, "evidence": str, "report": int,
+    }, pk="id", foreign_keys=[("report", "node_reports", "id")],
+        not_null={"node", "gpu", "score", "level", "evidence"})
+    db["node_degradation"].create_index(["node", "gpu", "id"])
+
+
 MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("001_initial", m001_initial),
     ("002_node_reports", m002_node_reports),
@@ -323,6 +337,7 @@ MIGRATIONS: list[tuple[str, Callable[[Database], None]]] = [
     ("013_recommendation_runs", m013_recommendation_runs),
     ("014_report_runs", m014_report_runs),
     ("015_ledger_progress", m015_ledger_progress),
+    ("016_node_degradation", m016_node_degradation),
 ]
 
 

@@ -103,6 +103,34 @@ class NodeQueries:
         """The XIDs the hooks reported for one attempt, in the table's order."""
         return list(self.db["xids"].rows_where("job = ? and attempt = ?", [job_pk, attempt]))
 
+    # -- the degradation score's changes (docs/proactive.md) --------------------
+    def add_degradation(self, cluster: str, record: Mapping[str, Any],
+                        report_pk: int | None = None) -> int:
+        """One change of a GPU's degradation score, as
+        :func:`~recovery_agent.detect.degradation.score_change` gave it."""
+        return self.db["node_degradation"].insert({
+            "ts": record.get("time"), "recorded": time.time(), "cluster": cluster,
+            "node": record["node"], "gpu": record["gpu"], "score": record["score"],
+            "level": record["level"], "previous_score": record.get("previous_score"),
+            "previous_level": record.get("previous_level"),
+            "rules": json.dumps([r["rule"] for r in record.get("rules") or ()]),
+            "evidence": json.dumps(record, sort_keys=True, default=str), "report": report_pk,
+        }).last_pk
+
+    def last_degradation(self, node: str, gpu: str) -> dict | None:
+        """The newest degradation record of one GPU (None: never scored above 0)."""
+        rows = list(self.db["node_degradation"].rows_where(
+            "node = ? and gpu = ?", [node, gpu], order_by="id desc", limit=1))
+        return json.loads(rows[0]["evidence"]) if rows else None
+
+    def node_degradation(self, node: str, limit: int = 200) -> list[dict]:
+        """A node's degradation records (every GPU), newest first, each the
+        evidence record with the row's ``id`` and ``report``."""
+        rows = self.db["node_degradation"].rows_where("node = ?", [node], order_by="id desc",
+                                                      limit=limit)
+        return [{**json.loads(r["evidence"]), "id": r["id"], "report": r["report"]}
+                for r in rows]
+
     # -- what a node's page shows ------------------------------------------------
     def node_xids(self, node: str, limit: int = 200) -> list[dict]:
         """The XIDs the hooks reported on ``node``, newest first, each with the

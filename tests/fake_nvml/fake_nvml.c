@@ -13,7 +13,21 @@
  *              "ecc_volatile_uncorrected": 0, "ecc_aggregate_uncorrected": 0,
  *              "retired_pages_pending": false, "remapped_rows_pending": false,
  *              "remapped_rows_failure": false, "throttle_reasons": 0,
- *              "nvlink_active": [true, ...], "missing": false}]}
+ *              "nvlink_active": [true, ...], "missing": false,
+ *              "ecc_volatile_corrected": 0, "ecc_aggregate_corrected": 0,
+ *              "remapped_rows_correctable": 0, "remapped_rows_uncorrectable": 0,
+ *              "retired_pages_sbe": 0, "retired_pages_dbe": 0,
+ *              "nvlink_replay": [0, ...], "nvlink_recovery": [0, ...],
+ *              "nvlink_crc_flit": [0, ...], "nvlink_crc_data": [0, ...],
+ *              "nvlink_ecc_data": [0, ...],
+ *              "not_supported": ["ecc", "remapped_rows", ...]}]}
+ *
+ * The nvlink_<counter> arrays hold one value per link (missing entries are 0).
+ * "not_supported" names the features this GPU or driver lacks; each of their
+ * calls answers NVML_ERROR_NOT_SUPPORTED, as NVML does on older GPUs (row
+ * remapping before Ampere, page retirement from Ampere on, ECC on boards
+ * without it): "ecc", "remapped_rows", "retired_pages", "nvlink_errors",
+ * "clock_reasons".
  *
  * Outcomes of nvmlInit:
  *   variable unset or file unreadable   NVML_ERROR_DRIVER_NOT_LOADED
@@ -56,7 +70,21 @@ struct nvmlDevice_st {
     unsigned int nvlink_count;
     int nvlink_active[NVML_NVLINK_MAX_LINKS];
     int missing;
+    unsigned long long ecc_volatile_corrected;
+    unsigned long long ecc_aggregate_corrected;
+    unsigned int remapped_rows_correctable;
+    unsigned int remapped_rows_uncorrectable;
+    unsigned int retired_pages[NVML_PAGE_RETIREMENT_CAUSE_COUNT];
+    unsigned long long nvlink_errors[NVML_NVLINK_MAX_LINKS][NVML_NVLINK_ERROR_COUNT];
+    unsigned int not_supported;   /* FAKE_NS_* bits */
 };
+
+#define FAKE_NS_ECC           0x01u
+#define FAKE_NS_REMAPPED_ROWS 0x02u
+#define FAKE_NS_RETIRED_PAGES 0x04u
+#define FAKE_NS_NVLINK_ERRORS 0x08u
+#define FAKE_NS_CLOCK_REASONS 0x10u
+#define FAKE_MAX_RETIRED      4096u   /* per cause; real boards retire far fewer */
 
 struct fake_state {
     unsigned int count;
@@ -443,6 +471,88 @@ static int read_nvlinks(struct cursor *c, struct nvmlDevice_st *g)
     }
 }
 
+/* [n, n, ...] of unsigned counters, one per link, into column `counter` */
+static int read_link_counters(struct cursor *c, struct nvmlDevice_st *g, int counter)
+{
+    unsigned int link = 0;
+    if (++c->depth > FAKE_MAX_DEPTH || expect(c, '['))
+        return -1;
+    if (peek(c) == ']') {
+        c->p++;
+        c->depth--;
+        return 0;
+    }
+    for (;;) {
+        if (link >= NVML_NVLINK_MAX_LINKS ||
+            read_unsigned(c, ~0ULL, &g->nvlink_errors[link][counter]))
+            return -1;
+        link++;
+        if (peek(c) == ',') {
+            c->p++;
+            continue;
+        }
+        if (expect(c, ']'))
+            return -1;
+        c->depth--;
+        return 0;
+    }
+}
+
+static const struct {
+    const char *name;
+    unsigned int bit;
+} feature_names[] = {
+    {"ecc", FAKE_NS_ECC},
+    {"remapped_rows", FAKE_NS_REMAPPED_ROWS},
+    {"retired_pages", FAKE_NS_RETIRED_PAGES},
+    {"nvlink_errors", FAKE_NS_NVLINK_ERRORS},
+    {"clock_reasons", FAKE_NS_CLOCK_REASONS},
+};
+
+/* ["ecc", ...]: an unknown feature name is malformed input */
+static int read_not_supported(struct cursor *c, struct nvmlDevice_st *g)
+{
+    g->not_supported = 0;
+    if (++c->depth > FAKE_MAX_DEPTH || expect(c, '['))
+        return -1;
+    if (peek(c) == ']') {
+        c->p++;
+        c->depth--;
+        return 0;
+    }
+    for (;;) {
+        char name[32];
+        unsigned int bit = 0;
+        if (read_string(c, name, sizeof name))
+            return -1;
+        for (size_t i = 0; i < sizeof feature_names / sizeof feature_names[0]; i++)
+            if (!strcmp(name, feature_names[i].name))
+                bit = feature_names[i].bit;
+        if (!bit)
+            return -1;
+        g->not_supported |= bit;
+        if (peek(c) == ',') {
+            c->p++;
+            continue;
+        }
+        if (expect(c, ']'))
+            return -1;
+        c->depth--;
+        return 0;
+    }
+}
+
+static const struct {
+    const char *key;
+    int counter;
+} link_counter_keys[] = {
+    {"nvlink_replay", NVML_NVLINK_ERROR_DL_REPLAY},
+    {"nvlink_recovery", NVML_NVLINK_ERROR_DL_RECOVERY},
+    {"nvlink_crc_flit", NVML_NVLINK_ERROR_DL_CRC_FLIT},
+    {"nvlink_crc_data", NVML_NVLINK_ERROR_DL_CRC_DATA},
+    {"nvlink_ecc_data", NVML_NVLINK_ERROR_DL_ECC_DATA},
+};
+
 static int gpu_member(struct cursor *c, const char *key, void *ctx)
 {
     struct nvmlDevice_st *g = ctx;
@@ -481,6 +591,35 @@ static int gpu_member(struct cursor *c, const char *key, void *ctx)
         return read_bool(c, &g->missing);
     if (!strcmp(key, "nvlink_active"))
         return read_nvlinks(c, g);
+    if (!strcmp(key, "ecc_volatile_corrected"))
+        return read_unsigned(c, ~0ULL, &g->ecc_volatile_corrected);
+    if (!strcmp(key, "ecc_aggregate_corrected"))
+        return read_unsigned(c, ~0ULL, &g->ecc_aggregate_corrected);
+    if (!strcmp(key, "remapped_rows_correctable")) {
+        if (read_unsigned(c, 0xFFFFFFFFu, &v))
+            return -1;
+        g->remapped_rows_correctable = (unsigned int)v;
+        return 0;
+    }
+    if (!strcmp(key, "remapped_rows_uncorrectable")) {
+        if (read_unsigned(c, 0xFFFFFFFFu, &v))
+            return -1;
+        g->remapped_rows_uncorrectable = (unsigned int)v;
+        return 0;
+    }
+    if (!strcmp(key, "retired_pages_sbe") || !strcmp(key, "retired_pages_dbe")) {
+        int cause = key[14] == 's' ? NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+                                   : NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR;
+        if (read_unsigned(c, 0xFFFFFFFFu, &v) || v > FAKE_MAX_RETIRED)
+            return -1;
+        g->retired_pages[cause] = (unsigned int)v;
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof link_counter_keys / sizeof link_counter_keys[0]; i++)
+        if (!strcmp(key, link_counter_keys[i].key))
+            return read_link_counters(c, g, link_counter_keys[i].counter);
+    if (!strcmp(key, "not_supported"))
+        return read_not_supported(c, g);
     return skip_value(c);
 }
 
@@ -775,8 +914,11 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorTyp
          errorType != NVML_MEMORY_ERROR_TYPE_UNCORRECTED) ||
         (counterType != NVML_VOLATILE_ECC && counterType != NVML_AGGREGATE_ECC))
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (device->not_supported & FAKE_NS_ECC)
+        return NVML_ERROR_NOT_SUPPORTED;
     if (errorType == NVML_MEMORY_ERROR_TYPE_CORRECTED)
-        *eccCounts = 0;   /* the state only tracks uncorrected errors */
+        *eccCounts = counterType == NVML_VOLATILE_ECC ? device->ecc_volatile_corrected
+                                                      : device->ecc_aggregate_corrected;
     else if (counterType == NVML_VOLATILE_ECC)
         *eccCounts = device->ecc_volatile_uncorrected;
     else
@@ -788,6 +930,8 @@ nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device,
                                                     nvmlEnableState_t *isPending)
 {
     nvmlReturn_t ret = check_device(device, isPending);
+    if (ret == NVML_SUCCESS && (device->not_supported & FAKE_NS_RETIRED_PAGES))
+        return NVML_ERROR_NOT_SUPPORTED;
     if (ret == NVML_SUCCESS)
         *isPending = device->retired_pages_pending ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
     return ret;
@@ -802,8 +946,10 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRo
         return ret;
     if (!uncRows || !isPending || !failureOccurred)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *corrRows = 0;
-    *uncRows = 0;
+    if (device->not_supported & FAKE_NS_REMAPPED_ROWS)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *corrRows = device->remapped_rows_correctable;
+    *uncRows = device->remapped_rows_uncorrectable;
     *isPending = device->remapped_rows_pending ? 1 : 0;
     *failureOccurred = device->remapped_rows_failure ? 1 : 0;
     return NVML_SUCCESS;
@@ -825,6 +971,8 @@ nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
                                                     unsigned long long *clocksEventReasons)
 {
     nvmlReturn_t ret = check_device(device, clocksEventReasons);
+    if (ret == NVML_SUCCESS && (device->not_supported & FAKE_NS_CLOCK_REASONS))
+        return NVML_ERROR_NOT_SUPPORTED;
     if (ret == NVML_SUCCESS)
         *clocksEventReasons = device->throttle_reasons;
     return ret;
@@ -848,6 +996,65 @@ nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
     if (link >= device->nvlink_count)
         return NVML_ERROR_NOT_SUPPORTED;   /* this GPU has fewer links */
     *isActive = device->nvlink_active[link] ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
+}
+
+/* The page list of one cause: made-up page addresses, and for _v2 times. With
+ * *pageCount == 0 (addresses may then be NULL) it only reports the count. */
+static nvmlReturn_t retired_pages(nvmlDevice_t device, nvmlPageRetirementCause_t cause,
+                                  unsigned int *pageCount, unsigned long long *addresses,
+                                  unsigned long long *timestamps)
+{
+    nvmlReturn_t ret = check_device(device, pageCount);
+    unsigned int have, room;
+    if (ret != NVML_SUCCESS)
+        return ret;
+    if ((int)cause < 0 || cause >= NVML_PAGE_RETIREMENT_CAUSE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (device->not_supported & FAKE_NS_RETIRED_PAGES)
+        return NVML_ERROR_NOT_SUPPORTED;
+    have = device->retired_pages[cause];
+    room = *pageCount;
+    *pageCount = have;
+    if (room == 0)
+        return have ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    if (!addresses)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < have && i < room; i++) {
+        addresses[i] = ((unsigned long long)(cause + 1) << 32) | ((unsigned long long)(i + 1) << 12);
+        if (timestamps)
+            timestamps[i] = 1700000000ULL + i;
+    }
+    return room < have ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, nvmlPageRetirementCause_t cause,
+                                       unsigned int *pageCount, unsigned long long *addresses)
+{
+    return retired_pages(device, cause, pageCount, addresses, NULL);
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t device, nvmlPageRetirementCause_t cause,
+                                          unsigned int *pageCount, unsigned long long *addresses,
+                                          unsigned long long *timestamps)
+{
+    if (timestamps == NULL && pageCount && *pageCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return retired_pages(device, cause, pageCount, addresses, timestamps);
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link,
+                                             nvmlNvLinkErrorCounter_t counter,
+                                             unsigned long long *counterValue)
+{
+    nvmlReturn_t ret = check_device(device, counterValue);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    if (link >= NVML_NVLINK_MAX_LINKS || (int)counter < 0 || counter >= NVML_NVLINK_ERROR_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (link >= device->nvlink_count || (device->not_supported & FAKE_NS_NVLINK_ERRORS))
+        return NVML_ERROR_NOT_SUPPORTED;
+    *counterValue = device->nvlink_errors[link][counter];
     return NVML_SUCCESS;
 }
 

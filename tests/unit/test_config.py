@@ -237,3 +237,21 @@ def test_an_override_the_rule_refuses_is_an_error_in_the_agent_and_logged_by_hoo
     assert problem.startswith(f"{var}: ")
     key = var.removeprefix("RECOVERY_HOOKS_").lower()
     assert getattr(light, key) == getattr(config.load(EXAMPLE, environ={}).hooks, key)
+
+
+def test_proactive_section_loads_and_checks(tmp_path):
+    cfg = config.load(write(tmp_path, '[proactive]\nwindow = "2h"\nsbe_per_hour = 25\n'
+                                      'slowdown_reasons = 64\n'), environ={})
+    assert cfg.proactive.window == 7200.0 and cfg.proactive.sbe_per_hour == 25.0
+    assert cfg.proactive.slowdown_reasons == 0x40
+    assert config.load(EXAMPLE, environ={}).proactive.retired_pages_limit == 64
+    env = config.load(write(tmp_path, ""), environ={"RECOVERY_PROACTIVE_MIN_SPAN": "5m"})
+    assert env.proactive.min_span == 300.0
+    for bad, key in (('window = "0s"', "proactive.window"),
+                     ('min_span = "7h"', "proactive.min_span"),
+                     ("sbe_per_hour = 0", "proactive.sbe_per_hour"),
+                     ("retired_pages_near = 1.5", "proactive.retired_pages_near"),
+                     ("degraded_score = 0", "proactive.degraded_score"),
+                     ("nonsense = 1", "proactive.nonsense")):
+        with pytest.raises(ConfigError, match=key):
+            config.load(write(tmp_path, f"[proactive]\n{bad}\n"), environ={})

@@ -78,10 +78,22 @@ def assert_matches(gpu: dict, want: dict) -> None:
     for field in ("index", "uuid", "name", "pci_bus_id", "temperature_c",
                   "ecc_volatile_uncorrected", "ecc_aggregate_uncorrected",
                   "retired_pages_pending", "remapped_rows_pending", "remapped_rows_failure",
-                  "throttle_reasons"):
-        assert gpu[field] == want[field], field
-    assert gpu["nvlink"] == [{"link": i, "active": a} for i, a in enumerate(want["nvlink_active"])]
-    assert gpu["lost"] is False and gpu["errors"] == {}
+                  "throttle_reasons", "ecc_volatile_corrected", "ecc_aggregate_corrected",
+                  "remapped_rows_correctable", "remapped_rows_uncorrectable",
+                  "retired_pages_sbe", "retired_pages_dbe"):
+        assert gpu[field] == want.get(field, 0), field
+    links = []
+    for i, active in enumerate(want["nvlink_active"]):
+        link = {"link": i, "active": active}
+        for name in LINK_COUNTERS:
+            values = want.get(f"nvlink_{name}") or []
+            link[name] = values[i] if i < len(values) else 0
+        links.append(link)
+    assert gpu["nvlink"] == links
+    assert gpu["lost"] is False and gpu["errors"] == {} and gpu["unsupported"] == []
+
+
+LINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data", "ecc_data")
 
 
 def test_healthy_two_gpus(fake_lib, tmp_path):
@@ -241,3 +253,122 @@ def test_repeated_snapshots_reread_the_state(fake_lib, tmp_path):
     out = run_child(fake_lib, [write_state(tmp_path, first, "a.json"),
                                write_state(tmp_path, second, "b.json")])
     assert [r["gpus"][0]["temperature_c"] for r in out["results"]] == [35, 77]
+
+
+# ---- precursor counters (issue 20): pynvml's own wrappers read the fake's new fields
+
+def test_precursor_counters_are_read(fake_lib, tmp_path):
+    state = healthy(2)
+    worn = state["gpus"][1]
+    worn.update(ecc_volatile_corrected=41, ecc_aggregate_corrected=907,
+                remapped_rows_correctable=3, remapped_rows_uncorrectable=1,
+                remapped_rows_pending=True, retired_pages_sbe=7, retired_pages_dbe=2,
+                nvlink_replay=[0, 12], nvlink_recovery=[0, 0, 1],
+                nvlink_crc_flit=[5, 0, 0, 9], nvlink_crc_data=[0, 3],
+                nvlink_ecc_data=[1, 1, 1, 1], throttle_reasons=0x40)
+    result = snap(fake_lib, write_state(tmp_path, state))
+    assert result["ok"] is True
+    assert_matches(result["gpus"][0], state["gpus"][0])
+    assert_matches(result["gpus"][1], worn)
+    gpu = result["gpus"][1]
+    assert gpu["nvlink"][1]["replay"] == 12 and gpu["nvlink"][3]["crc_flit"] == 9
+    assert gpu["nvlink"][3]["replay"] == 0      # past the end of a shorter array: 0
+    assert (gpu["retired_pages_sbe"], gpu["retired_pages_dbe"]) == (7, 2)
+
+
+def test_retired_page_lists_through_pynvml(fake_lib, tmp_path):
+    """pynvml sizes the buffer with a first call (count 0, no buffer), then
+    fills it; both the plain and the _v2 (timestamps) wrapper must work."""
+    state = healthy(1)
+    state["gpus"][0].update(retired_pages_sbe=3, retired_pages_dbe=0)
+    child = r"""
+import ctypes, json, sys
+ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
+import pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+sbe = n.nvmlDeviceGetRetiredPages(h, n.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
+dbe = n.nvmlDeviceGetRetiredPages(h, n.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+v2 = n.nvmlDeviceGetRetiredPages_v2(h, n.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
+try:
+    n.nvmlDeviceGetNvLinkErrorCounter(h, 0, n.NVML_NVLINK_ERROR_COUNT)
+    bad = None
+except n.NVMLError as e:
+    bad = e.value
+print(json.dumps({"sbe": sbe, "dbe": dbe, "v2": v2, "bad_counter": bad}))
+"""
+    env = dict(os.environ, RECOVERY_FAKE_NVML_STATE=write_state(tmp_path, state))
+    proc = subprocess.run([sys.executable, "-c", child, str(fake_lib)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert len(out["sbe"]) == 3 and len(set(out["sbe"])) == 3 and out["dbe"] == []
+    assert [p["address"] for p in out["v2"]] == out["sbe"]
+    assert all(p["timestamp"] > 0 for p in out["v2"])
+    assert out["bad_counter"] == 2          # NVML_ERROR_INVALID_ARGUMENT
+
+
+def test_unsupported_features_are_none_not_errors(fake_lib, tmp_path):
+    """An older GPU or driver: every precursor call answers NOT_SUPPORTED."""
+    state = healthy(2)
+    old = state["gpus"][0]
+    old.update(not_supported=["ecc", "remapped_rows", "retired_pages", "nvlink_errors",
+                              "clock_reasons"], ecc_volatile_corrected=5)
+    result = snap(fake_lib, write_state(tmp_path, state))
+    assert result["ok"] is True
+    gpu = result["gpus"][0]
+    assert gpu["errors"] == {} and gpu["lost"] is False
+    for field in ("ecc_volatile_uncorrected", "ecc_aggregate_uncorrected",
+                  "ecc_volatile_corrected", "ecc_aggregate_corrected", "retired_pages_sbe",
+                  "retired_pages_dbe", "retired_pages_pending", "remapped_rows_pending",
+                  "remapped_rows_failure", "remapped_rows_correctable",
+                  "remapped_rows_uncorrectable", "throttle_reasons"):
+        assert gpu[field] is None, field
+        assert field in gpu["unsupported"], field
+    assert gpu["nvlink"][0] == {"link": 0, "active": True, "replay": None, "recovery": None,
+                                "crc_flit": None, "crc_data": None, "ecc_data": None}
+    assert {"nvlink_replay", "nvlink_crc_data"} <= set(gpu["unsupported"])
+    assert len(gpu["unsupported"]) == len(set(gpu["unsupported"]))   # once per field
+    assert gpu["temperature_c"] == 35                                 # the rest still read
+    assert_matches(result["gpus"][1], state["gpus"][1])
+
+
+@pytest.mark.parametrize("text", [
+    '{"gpus": [{"not_supported": ["warp_drive"]}]}',
+    '{"gpus": [{"not_supported": "ecc"}]}',
+    '{"gpus": [{"nvlink_replay": [1, -1]}]}',
+    '{"gpus": [{"nvlink_crc_flit": [' + ",".join(["0"] * 37) + "]}]}",
+    '{"gpus": [{"retired_pages_sbe": 5000}]}',
+    '{"gpus": [{"ecc_volatile_corrected": true}]}',
+])
+def test_garbled_precursor_state(fake_lib, tmp_path, text):
+    result = snap(fake_lib, write_state(tmp_path, text))
+    assert result["ok"] is False and result["error"] == "Unknown Error"
+
+
+def test_fake_counters_through_pynvml_score_as_degraded(fake_lib, tmp_path):
+    """End to end: the fake's counters rise between snapshots, pynvml reads
+    them, and the degradation score sees the SBE rate and the pending remap;
+    the second GPU (an older one, NOT_SUPPORTED everywhere) scores 0."""
+    from recovery_agent.config.schema import ProactiveConfig
+    from recovery_agent.detect import degradation as dg
+
+    states = []
+    for step in range(4):
+        state = healthy(2)
+        state["gpus"][0].update(ecc_volatile_corrected=200 * step,
+                                remapped_rows_pending=step == 3)
+        state["gpus"][1]["not_supported"] = ["ecc", "remapped_rows", "retired_pages",
+                                             "nvlink_errors", "clock_reasons"]
+        states.append(write_state(tmp_path, state, f"s{step}.json"))
+    results = run_child(fake_lib, states)["results"]
+    assert all(r["ok"] for r in results)
+    readings = []
+    for step, result in enumerate(results):
+        readings += dg.readings_from_snapshot("node1", 1_700_000_000 + step * 1800.0, result)
+    scores = dg.score_node(readings, ProactiveConfig())
+    worn = scores[results[0]["gpus"][0]["uuid"]]
+    old = scores[results[0]["gpus"][1]["uuid"]]
+    assert set(worn.rules) == {"sbe_rate", "row_remap_pending"}
+    assert worn.level == "degraded"
+    assert old.score == 0 and "row_remap_pending" in old.no_data

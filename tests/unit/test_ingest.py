@@ -334,3 +334,67 @@ def test_a_report_sent_on_time_is_not_late(app):
     assert post(app, "epilog", report("epilog")).status_code == 201
     row = next(app.store.db["node_reports"].rows)
     assert (row["late"], row["delivery"], row["after_verdict"]) == (0, None, 0)
+
+
+# ---- the degradation score on ingest (issue 20, first slice) ----------------
+
+def health(n: int, every: float = 1200.0, **gpu1) -> dict:
+    body = report("health", job=None, report_id=f"{n:032x}", created=1_800_000_000.0 + n * every)
+    body.pop("preflight")
+    body["gpus"] = {"ok": True, "error": None, "count": 2,
+                    "gpus": [dict(GPU0, ecc_volatile_corrected=0), dict(GPU1, **gpu1)]}
+    return body
+
+
+@pytest.fixture
+def scored(tmp_path):
+    from recovery_agent.config.schema import ProactiveConfig
+    store = Store(tmp_path / "r.db")
+    cfg = from_mapping({"api": {"auth": "none"}, "agent": {"cluster": "c1"}})
+    client = TestClient(create_app(cfg, Ingest(store, "c1", proactive=ProactiveConfig())))
+    client.store = store
+    return client
+
+
+def test_rising_sbe_over_health_reports_is_recorded_once_per_change(scored):
+    for n in range(4):      # 300 corrected errors per 20 minutes on GPU-bbbb
+        assert post(scored, "health", health(n, ecc_volatile_corrected=300 * n)).status_code == 201
+    rows = scored.store.node_degradation("node2")
+    assert len(rows) == 1                    # one change (ok -> watch), not one per report
+    rec = rows[0]
+    assert (rec["gpu"], rec["level"], rec["previous_level"]) == ("GPU-bbbb", "watch", "ok")
+    assert [r["rule"] for r in rec["rules"]] == ["sbe_rate"]
+    assert rec["report"] == scored.store.report_by_id(f"{1:032x}")["id"]
+    # a pending remap raises the level: a second record with both rules
+    post(scored, "health", health(4, ecc_volatile_corrected=1200, remapped_rows_pending=True))
+    newest = scored.store.node_degradation("node2")[0]
+    assert newest["level"] == "degraded" and newest["previous_level"] == "watch"
+    assert {r["rule"] for r in newest["rules"]} == {"sbe_rate", "row_remap_pending"}
+    assert scored.store.last_degradation("node2", "GPU-aaaa") is None   # the quiet GPU
+
+
+def test_gpu_reset_clears_without_a_false_rate(scored):
+    for n in range(3):
+        post(scored, "health", health(n, ecc_volatile_corrected=5000 + 300 * n))
+    assert scored.store.last_degradation("node2", "GPU-bbbb")["level"] == "watch"
+    # the GPU is reset: the volatile count falls to 0 and stays low for 7 hours
+    for n in range(3, 25):
+        post(scored, "health", health(n, ecc_volatile_corrected=n - 3))
+    last = scored.store.last_degradation("node2", "GPU-bbbb")
+    assert last["level"] == "ok" and last["cleared"] == ["sbe_rate"]
+    assert len(scored.store.node_degradation("node2")) == 2
+
+
+def test_odd_counter_values_are_no_data_not_a_crash(scored):
+    for n in range(3):
+        assert post(scored, "health", health(n, ecc_volatile_corrected="lots",
+                                             remapped_rows_pending="yes",
+                                             nvlink=[{"link": "x", "replay": 5}])
+                    ).status_code == 201
+    assert scored.store.node_degradation("node2") == []
+
+
+def test_without_thresholds_nothing_is_scored(app):
+    for n in range(3):
+        post(app, "health", health(n, ecc_volatile_corrected=900 * n))
+    assert app.store.node_degradation("node2") == []

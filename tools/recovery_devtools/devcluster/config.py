@@ -358,6 +358,12 @@ def fake_gpus(node: str, count: int) -> dict:
             "ecc_aggregate_uncorrected": 0, "retired_pages_pending": False,
             "remapped_rows_pending": False, "remapped_rows_failure": False,
             "throttle_reasons": 0, "nvlink_active": [True] * 4, "missing": False,
+            "ecc_volatile_corrected": 0, "ecc_aggregate_corrected": 0,
+            "remapped_rows_correctable": 0, "remapped_rows_uncorrectable": 0,
+            "retired_pages_sbe": 0, "retired_pages_dbe": 0,
+            "nvlink_replay": [0] * 4, "nvlink_recovery": [0] * 4,
+            "nvlink_crc_flit": [0] * 4, "nvlink_crc_data": [0] * 4,
+            "nvlink_ecc_data": [0] * 4, "not_supported": [],
         })
     return {"node": node, "gpus": gpus}
 
