@@ -167,7 +167,6 @@ class JobRecovery:
                        "again: a step failed since; slurmctld may have lost it" if retried
                        and "start_now" in done else "")
 
-
     def _exclude(self, rec: Recommendation, job: Job) -> None:
         """Our exclusions on the pending job, unless Slurm shows them already."""
         want = list(rec.exclude or [])

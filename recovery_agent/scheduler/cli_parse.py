@@ -444,7 +444,10 @@ def nodes_from_sinfo_groups(groups: Iterable[Mapping[str, Any]]) -> list[Node]:
         reason = group.get("reason") or {}
         if isinstance(reason, str):
             reason = {"description": reason}
-        user = reason.get("user") or group.get("reason_set_by_user") or ""
+        held = _reason_holds(state, flags)
+        if not held:
+            reason = {}
+        user = (reason.get("user") or group.get("reason_set_by_user") or "") if held else ""
         partition = (group.get("partition") or {}).get("name") or ""
         gres = (group.get("gres") or {}).get("total") or ""
         members = group.get("nodes") or {}

@@ -244,9 +244,8 @@ class RestScheduler:
         job id of its own; 23.11+'s slurmrestd refuses an update addressed as
         ``ARRAY_TASK`` ("Submit job update against Array Job's JobID instead of
         array task id", seen live on 24.11, in 26.05's source too), so it gets
-        that id. 22.05 takes
-        the ``ARRAY_TASK`` form, and the pending rest of an array has no id of
-        its own: both stay as they are."""
+        that id. 22.05 takes the ``ARRAY_TASK`` form, and the pending rest of
+        an array has no id of its own: both stay as they are."""
         if self.api().legacy or "_" not in job_id or "_[" in job_id:
             return job_id
         # by number, slurmctld updates that one record, even where the number is

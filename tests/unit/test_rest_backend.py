@@ -687,3 +687,16 @@ def test_2205_false_failure_of_an_array_task_update_is_ignored(fake, server, tmp
                 Answer(200, recorded(REST, "update_array_task.json")))
     with pytest.raises(SchedulerError, match="job array update"):
         sched.cancel("69_3")
+
+
+def test_a_sinfo_group_back_in_service_has_no_reason():
+    """The grouped sinfo of 23.02+ reads reasons by the same rule as the
+    per-node lists: a leftover on a node back in service is none."""
+    from recovery_agent.scheduler.cli_parse import nodes_from_sinfo_groups
+    group = {"node": {"state": ["IDLE"]}, "nodes": {"nodes": ["node4"]},
+             "reason": {"description": "probe cli", "time": 1796173067, "user": "root"}}
+    (node,) = nodes_from_sinfo_groups([group])
+    assert (node.reason, node.reason_user, node.reason_time) == ("", "", None)
+    group["node"]["state"] = ["IDLE", "DRAIN"]
+    (node,) = nodes_from_sinfo_groups([group])
+    assert node.drained and (node.reason, node.reason_user) == ("probe cli", "root")
