@@ -251,7 +251,9 @@ class Ingest:
         submit time is the stored one, and the listing is newer than the end of
         the stored run: it started, or is to start (pending), after that end. A
         listing from before the end (a cache older than a reset) shows the old
-        run, or its expected start before it ran."""
+        run, or its expected start before it ran. Slurm's times are whole
+        seconds: a run that ended within the second it started shows its start
+        equal to its end, so only a start after the end is another run."""
         if found.restart_count != 0 or not found.submit_time \
                 or found.submit_time != row["submit_time"]:
             return False
@@ -259,7 +261,7 @@ class Ingest:
                       if a["attempt"] == 0), None)
         if not ended:
             return False
-        return bool(found.start_time and found.start_time >= ended)
+        return bool(found.start_time and found.start_time > ended)
 
     def _job(self, cluster: str, node: str, job: dict, hook: str,
              created: float = 0, late: bool = False) -> tuple[int, int]:

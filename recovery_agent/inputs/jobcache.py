@@ -5,6 +5,12 @@ slurmctld is doing. So ingest only *peeks* at the last batched job listing;
 a miss asks for a refresh in the background (at most one running, at most one
 per ``min_interval``), and whoever registered ``on_refresh`` completes what it
 stored without the scheduler's data (the submit time that finishes a job's key).
+
+A cache that only refreshes on a miss goes stale while every peek hits: after
+a slurmctld reset the last listing may still show the old job under an id
+handed out again. The watch loop therefore offers each listing it takes
+(:meth:`offer`), so what ingest peeks at is never older than one poll; the
+newer of two listings wins, whichever thread took it.
 """
 from __future__ import annotations
 
@@ -26,7 +32,8 @@ class JobCache:
         self.on_refresh: list[Callable[[dict[str, Job]], None]] = []
         self.queries = 0
         self._jobs: dict[str, Job] = {}
-        self._loaded = 0.0
+        self._loaded = 0.0     # when the listing held was asked for (monotonic)
+        self._refreshed = 0.0  # when this cache last listed itself (the throttle)
         self._lock = threading.Lock()
         self._running: threading.Thread | None = None
 
@@ -36,30 +43,48 @@ class JobCache:
 
     def refresh(self) -> None:
         """List every job now (one batched query) and tell the listeners."""
+        asked = self._refreshed = time.monotonic()
         try:
             jobs = self.scheduler.list_jobs()
         except RecoveryError as exc:
             log.warning("job listing failed: %s", exc)
             return
-        index: dict[str, Job] = {}
-        for job in jobs:
-            index[job.job_id] = job
-            index.setdefault(str(job.numeric_id), job)
         with self._lock:
-            self._jobs, self._loaded = index, time.monotonic()
             self.queries += 1
+        index = self._keep(jobs, asked)
+        if index is None:   # a newer listing came in meanwhile: the listeners get that
+            with self._lock:
+                index = self._jobs
         for listener in self.on_refresh:
             try:
                 listener(index)
             except Exception:  # noqa: BLE001 - a listener's bug must not stop refreshes
                 log.exception("job cache listener failed")
 
+    def offer(self, jobs, asked: float) -> None:
+        """Take a listing made elsewhere (the watch loop's, asked for at
+        monotonic time ``asked``) unless the one held is newer."""
+        self._keep(jobs, asked)
+
+    def _keep(self, jobs, asked: float) -> dict[str, Job] | None:
+        index: dict[str, Job] = {}
+        for job in jobs:
+            index[job.job_id] = job
+            index.setdefault(str(job.numeric_id), job)
+        with self._lock:
+            if asked < self._loaded:
+                return None
+            self._jobs, self._loaded = index, asked
+        return index
+
     def refresh_soon(self) -> None:
         """Start a background refresh unless one is running or one just ran."""
         with self._lock:
             if self._running is not None and self._running.is_alive():
                 return
-            if time.monotonic() - self._loaded < self.min_interval:
+            # the throttle counts this cache's own refreshes only: an offered
+            # listing does not run the listeners, a miss must still bring them
+            if time.monotonic() - self._refreshed < self.min_interval:
                 return
             self._running = threading.Thread(target=self.refresh, name="job-cache",
                                              daemon=True)

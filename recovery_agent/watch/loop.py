@@ -57,6 +57,8 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
                                       + cfg.sources.prometheus_step)
             store.health["sources"] = self.sources.counters()
         self.watches: dict[int, AttemptWatch] = {}   # by job row id
+        # called with (every listed job, monotonic time it was asked for) each cycle
+        self.on_listing: list = []
         self.closing: list[tuple[AttemptWatch, Job | None, float]] = []
         # hang/straggler decisions the store refused: (job pk, attempt) -> args
         self._pending_decisions: dict[tuple[int, int], tuple] = {}
@@ -81,7 +83,11 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
     def cycle(self) -> int:
         """Run one cycle; return how many detections it stored."""
         now = self.clock()
-        listing = {j.job_id: j for j in self.scheduler.list_jobs()}
+        asked = time.monotonic()
+        jobs = self.scheduler.list_jobs()
+        for listener in self.on_listing:   # the hooks' job cache: never older than a poll
+            listener(jobs, asked)
+        listing = {j.job_id: j for j in jobs}
         # array tasks a hook stored under their numeric id take the scheduler's name
         for j in listing.values():
             if j.array_task_id is not None:

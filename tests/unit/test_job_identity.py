@@ -4,12 +4,17 @@ scheduler that replays listings as Slurm 22.05 prints them after a reset: the
 same id, a later submit time, restart count 0."""
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 import pytest
 
 from recovery_agent.config import from_mapping
 from recovery_agent.decide.decider import Decider
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
+from recovery_agent.inputs.ingest import Ingest
+from recovery_agent.inputs.jobcache import JobCache
 from recovery_agent.inputs.logline import MemoryCursorStore
 from recovery_agent.inputs.tail import Tailer
 from recovery_agent.scheduler.base import Job
@@ -115,6 +120,83 @@ def test_an_ended_and_judged_job_is_gone_once_its_id_comes_back(loop, tmp_path):
     assert [e["kind"] for e in store.timeline(row["id"])].count("id_reused") == 1
 
 
+def prolog(n: int, spec: str, started: float) -> dict:
+    job = {"job_id": "5", "attempt": 0, "spec": spec, "user": "alice", "started": started}
+    return {"version": 1, "hook": "prolog", "report_id": f"{n:032x}", "created": started,
+            "cluster": "c1", "node": "node1", "job": job,
+            "gpus": {"ok": True, "count": 0, "gpus": []}, "xids": []}
+
+
+def test_the_hooks_never_file_a_reused_id_under_the_old_job(loop, tmp_path):
+    """CI, 22.05 live: the old job was cancelled within the second it started
+    (start = end in Slurm's whole seconds). The hooks' job cache had listed it
+    once, running, and every later peek hit, so it never refreshed: the new
+    job's prolog, under the reused id, read that listing as the old job run
+    again and rewrote the old row (monitor mode, running), which the poll then
+    marked gone again each cycle. Now the loop hands each listing to the
+    cache, and a start equal to the stored end is not a run again."""
+    watcher, store, sched, clock = loop
+    cache = JobCache(sched, min_interval=0)
+    ingest = Ingest(store, "c1", cache)
+    watcher.on_listing.append(cache.offer)
+    out = tmp_path / "slurm-5.out"
+    out.write_text("")
+    old = listed("RUNNING", out, submit=9_000, comment="recovery=act:action",
+                 start_time=9_001)
+    sched.jobs = [old]
+    cache.refresh()                       # the old job's prolog missed: one refresh
+    ingest.store_report("prolog", prolog(1, "act:action", 9_001.2))
+    run(watcher, clock, cycles=1)
+    sched.jobs = [replace(old, state="CANCELLED", end_time=9_001)]
+    run(watcher, clock, cycles=3)
+    (row,) = store.jobs()
+    assert row["state"] == "CANCELLED"
+    # slurmctld loses its state; job 5 is handed out again, asking for monitor
+    new = listed("PENDING", out, submit=int(clock[0]), comment="recovery=act:monitor",
+                 start_time=int(clock[0]) + 1)
+    sched.jobs = [new]
+    run(watcher, clock, cycles=1)
+    assert cache.peek("5").submit_time == new.submit_time
+    stored = ingest.store_report("prolog", prolog(2, "act:monitor", clock[0]))
+    old_row, new_row = store.jobs()
+    assert stored.job_row == new_row["id"]
+    assert (old_row["state"], old_row["mode"]) == ("GONE", "action")
+    sched.jobs = [replace(new, state="RUNNING")]
+    run(watcher, clock, cycles=3)
+    reused = [e for e in store.timeline(old_row["id"]) if e["kind"] == "id_reused"]
+    assert len(reused) == 1
+
+
+def test_a_stale_listing_of_a_run_that_ended_in_its_first_second_is_no_run_again(tmp_path):
+    """Without the loop's listings (a cache that only refreshes on misses), a
+    listing older than the reset still shows the old job running; its start
+    equals the stored end, so it is that ended run, not the job run again."""
+    with Store(tmp_path / "r.db") as store:
+        cache = JobCache(Script(), min_interval=0)
+        ingest = Ingest(store, "c1", cache)
+        running = Job(job_id="5", numeric_id=5, state="RUNNING", submit_time=9_000,
+                      start_time=9_001, user="alice")
+        cache.offer([running], 0.0)
+        pk = store.record_job(running, "c1", env="act", mode="action", spec="act:action")
+        store.record_attempt(pk, replace(running, state="CANCELLED", end_time=9_001))
+        store.set_job_state(pk, "GONE")
+        stored = ingest.store_report("prolog", prolog(3, "act:monitor", 9_500.0))
+        assert stored.job_row != pk
+        assert (store.job(pk)["state"], store.job(pk)["mode"]) == ("GONE", "action")
+
+
+def test_the_newer_of_two_listings_is_the_one_the_cache_keeps():
+    sched = Script([Job(job_id="5", numeric_id=5, state="RUNNING", submit_time=1)])
+    cache = JobCache(sched, min_interval=0)
+    cache.offer([Job(job_id="5", numeric_id=5, state="PENDING", submit_time=2)], 1e12)
+    cache.refresh()        # asked for before the loop's listing came: not kept
+    assert cache.peek("5").submit_time == 2
+    cache.offer([], 0.0)   # an older listing offered late: not kept either
+    assert cache.peek("5") is not None
+    cache.offer([], 2e12)
+    assert cache.peek("5") is None
+
+
 def test_requeued_job_is_still_the_same_job(loop, tmp_path):
     """Slurm 22.05 renews the submit time at each requeue: that is no new job."""
     watcher, store, sched, clock = loop
@@ -148,3 +230,20 @@ def test_same_job_rules():
     assert same_job(unknown, job)
     assert not same_job(unknown, Job(job_id="5", numeric_id=5, submit_time=100,
                                      user="mallory"))
+
+
+def test_a_miss_right_after_the_loops_listing_still_refreshes_and_tells_the_listeners():
+    """The live rerun test: the loop had just offered a listing when a prolog
+    missed; a throttle that counted offers skipped the refresh, so the row
+    the prolog stored apart never got the listing that merges it."""
+    sched = Script([Job(job_id="5", numeric_id=5, state="RUNNING", submit_time=1)])
+    cache = JobCache(sched, min_interval=60)
+    told = []
+    cache.on_refresh.append(told.append)
+    cache.offer([], time.monotonic())
+    cache.refresh_soon()
+    cache.wait()
+    assert [sorted(t) for t in told] == [["5"]]
+    cache.refresh_soon()    # and its own refreshes are still throttled
+    cache.wait()
+    assert len(told) == 1
