@@ -66,6 +66,7 @@ def start_watch(cfg: Config, store: Store, sched: Scheduler, ingest: Ingest,
     watcher = Watcher(cfg, store, sched, scanner, tailer, decider=decider, sources=sources,
                       provider=attribution_provider(cfg))
     ingest.log_listeners.append(watcher.report_lines)
+    ingest.evidence_listeners.append(watcher.nudge)
     if ingest.jobs is not None:
         watcher.on_listing.append(ingest.jobs.offer)
     stop = stop or threading.Event()

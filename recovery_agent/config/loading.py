@@ -185,6 +185,8 @@ def _validate_rest(sched: SchedulerConfig) -> None:
 def _validate_agent(agent: AgentConfig) -> None:
     if agent.poll_interval <= 0:
         raise ConfigError("agent.poll_interval: must be above zero")
+    if not 0 <= agent.report_wakeup_gap <= 60:
+        raise ConfigError("agent.report_wakeup_gap: between 0 (off) and 60s")
     _validate_log_keys(agent)
     if agent.node_report_wait > 3600:
         raise ConfigError("agent.node_report_wait: at most 1h (a verdict should not "

@@ -59,6 +59,8 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
         self.watches: dict[int, AttemptWatch] = {}   # by job row id
         # called with (every listed job, monotonic time it was asked for) each cycle
         self.on_listing: list = []
+        self.wake = threading.Event()   # set by nudge(): evidence came in
+        self.early_cycles = 0           # cycles a nudge brought forward
         self.closing: list[tuple[AttemptWatch, Job | None, float]] = []
         # hang/straggler decisions the store refused: (job pk, attempt) -> args
         self._pending_decisions: dict[tuple[int, int], tuple] = {}
@@ -312,10 +314,34 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
         health.update(error=None, ok_at=self.clock())
         return True
 
+    def nudge(self) -> None:
+        """Evidence came in (a node report, from any thread): run the next
+        cycle now rather than at the next poll (see :meth:`run_forever`)."""
+        self.wake.set()
+
     def run_forever(self, stop: threading.Event) -> None:
-        interval = self.cfg.agent.poll_interval
+        """A cycle every poll interval, and one sooner when :meth:`nudge` says
+        evidence came in: at most one early cycle per
+        ``agent.report_wakeup_gap`` after the last cycle began, so a burst of
+        epilogs costs one listing, not one each."""
+        interval, gap = self.cfg.agent.poll_interval, self.cfg.agent.report_wakeup_gap
         while not stop.is_set():
             started = time.monotonic()
+            self.wake.clear()      # what comes in from here on, this cycle may miss
             self.run_once()
-            stop.wait(max(0.0, interval - (time.monotonic() - started)))
+            self._until_next(stop, started + interval, started + gap if gap > 0 else None)
         self.tailer.close()
+
+    def _until_next(self, stop: threading.Event, due: float, early: float | None) -> None:
+        while not stop.is_set():
+            left = due - time.monotonic()
+            if left <= 0:
+                return
+            if not self.wake.wait(left):
+                return             # the poll is due
+            if early is None:      # early cycles are off: the nudge waits for the poll
+                self.wake.clear()
+                continue
+            stop.wait(max(0.0, early - time.monotonic()))
+            self.early_cycles += 1
+            return

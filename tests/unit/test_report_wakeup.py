@@ -1,0 +1,108 @@
+"""Issue 21, first slice: a node report that brings evidence starts the watch
+loop's next cycle at once, instead of at the next poll; at most one early
+cycle per agent.report_wakeup_gap, and none when it is 0."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from recovery_agent.config import from_mapping
+from recovery_agent.errors import ConfigError
+from recovery_agent.detect.patterns import load_rules
+from recovery_agent.detect.scanner import Scanner
+from recovery_agent.inputs.ingest import Ingest
+from recovery_agent.inputs.logline import MemoryCursorStore
+from recovery_agent.inputs.tail import Tailer
+from recovery_agent.store import Store
+from recovery_agent.watch import Watcher
+from tests.unit.scripted import Script
+from tests.unit.test_ingest import XID79, report
+
+
+class Counted(Watcher):
+    """The real loop around cycles that only count themselves."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.ran = threading.Semaphore(0)
+        self.count = 0
+
+    def run_once(self) -> bool:
+        self.count += 1
+        self.ran.release()
+        return True
+
+
+def watcher(tmp_path, **agent) -> Counted:
+    cfg = from_mapping({"agent": {"cluster": "c1", "poll_interval": 30, **agent}})
+    return Counted(cfg, Store(tmp_path / "r.db"), Script(), Scanner(load_rules(), engine="re"),
+                   Tailer(MemoryCursorStore()))
+
+
+def running(w: Counted) -> threading.Event:
+    stop = threading.Event()
+    threading.Thread(target=w.run_forever, args=(stop,), daemon=True).start()
+    assert w.ran.acquire(timeout=10)          # the first cycle, at the start
+    return stop
+
+
+def test_a_nudge_brings_the_next_cycle_forward(tmp_path):
+    w = watcher(tmp_path, report_wakeup_gap=0.05)
+    stop = running(w)
+    try:
+        w.nudge()
+        # the poll is 30 s away: only the nudge can start this cycle in time
+        assert w.ran.acquire(timeout=10)
+        assert (w.count, w.early_cycles) == (2, 1)
+    finally:
+        stop.set()
+        w.nudge()
+
+
+def test_a_burst_of_nudges_costs_one_early_cycle(tmp_path):
+    w = watcher(tmp_path, report_wakeup_gap=0.5)
+    stop = running(w)
+    try:
+        for _ in range(50):
+            w.nudge()
+        assert w.ran.acquire(timeout=10)
+        assert not w.ran.acquire(timeout=0.2)   # the burst came before the cycle began
+        assert w.early_cycles == 1
+    finally:
+        stop.set()
+
+
+def test_with_a_gap_of_zero_the_poll_alone_starts_cycles(tmp_path):
+    w = watcher(tmp_path, report_wakeup_gap=0)
+    stop = running(w)
+    try:
+        w.nudge()
+        assert not w.ran.acquire(timeout=0.5)
+        assert (w.count, w.early_cycles) == (1, 0)
+    finally:
+        stop.set()
+
+
+@pytest.mark.parametrize("gap", [-1, 61])
+def test_the_gap_is_checked(gap):
+    with pytest.raises(ConfigError, match="report_wakeup_gap"):
+        from_mapping({"agent": {"report_wakeup_gap": gap}})
+
+
+def test_reports_that_bring_evidence_nudge_the_loop(tmp_path):
+    with Store(tmp_path / "r.db") as store:
+        ingest = Ingest(store, "c1")
+        nudged = []
+        ingest.evidence_listeners.append(lambda: nudged.append(1))
+        ingest.store_report("prolog", report())
+        assert nudged == []                             # a run begins: nothing to judge
+        ingest.store_report("prolog", report(report_id="0" * 31 + "2", xids=[XID79]))
+        assert nudged == [1]                            # an XID at the start
+        epilog = report("epilog", report_id="0" * 31 + "3")
+        ingest.store_report("epilog", epilog)
+        assert nudged == [1, 1]
+        ingest.store_report("epilog", epilog)           # delivered twice: stored once
+        assert nudged == [1, 1]
+        ingest.store_report("epilog", report("epilog", report_id="0" * 31 + "4", job=None))
+        assert nudged == [1, 1]                         # a node's own report: no job
