@@ -193,6 +193,9 @@ class StoreCollector:
         yield _gauge("store_damaged", "1 once a read found the store file damaged (until "
                      "a restart, which refuses a damaged store)",
                      1 if health.get("damaged") else 0)
+        yield _counter("watch_early_cycles", "Watch cycles a node report brought forward "
+                       "(an epilog, XIDs, log lines came in: the cycle ran then, not at the "
+                       "next poll; agent.report_wakeup_gap)", health.get("early_cycles", 0))
         yield _gauge("pending_verdicts", "Ended attempts judged but not yet stored (kept in "
                      "memory while the store cannot be written)",
                      health.get("pending_verdicts", 0))

@@ -344,4 +344,5 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
                 continue
             stop.wait(max(0.0, early - time.monotonic()))
             self.early_cycles += 1
+            self.store.health["early_cycles"] = self.early_cycles
             return

@@ -55,6 +55,7 @@ def test_a_nudge_brings_the_next_cycle_forward(tmp_path):
         # the poll is 30 s away: only the nudge can start this cycle in time
         assert w.ran.acquire(timeout=10)
         assert (w.count, w.early_cycles) == (2, 1)
+        assert w.store.health["early_cycles"] == 1      # /metrics: watch_early_cycles
     finally:
         stop.set()
         w.nudge()
