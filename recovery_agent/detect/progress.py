@@ -126,6 +126,14 @@ class HangDetector:
             self._fired = False
         return True
 
+    def due(self) -> float | None:
+        """When the present silence fills the window (the clock's time), so a
+        check then finds the hang; None when none can fire (off, or this
+        silence has had its detection)."""
+        if not self.enabled or self._fired:
+            return None
+        return self._clock + self.hang
+
     def check(self, now: float, running: bool) -> Detection | None:
         """A ``hang`` detection when the job has been RUNNING and silent for the
         whole window; None otherwise, and None again for the same silence."""

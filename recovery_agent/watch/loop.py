@@ -26,6 +26,12 @@ from .running import RunningChecks
 from .verdicts import Verdicts, shows_run
 
 log = logging.getLogger("recovery_agent.watch")   # one logger for the loop, as before its split
+# a cycle for a hang window comes this long after the window fills (a check a
+# hair early would find the silence just short of it)
+HANG_SLACK = 0.05
+# how long after a nudge a watched job seen COMPLETING is looked at again every
+# agent.report_wakeup_gap (a stuck epilog must not keep the loop listing at that rate)
+SETTLE_AFTER_NUDGE = 5.0
 SEEN_FLUSH_EVERY = 60.0  # unchanged jobs' last_seen is written this often
 GONE_AFTER = 600.0  # a stored job slurmctld no longer lists is let go after this
 # a job the agent let go (GONE) is as over as one Slurm finished: not re-read each cycle
@@ -61,6 +67,7 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
         self.on_listing: list = []
         self.wake = threading.Event()   # set by nudge(): evidence came in
         self.early_cycles = 0           # cycles a nudge brought forward
+        self.settling = False           # the last cycle listed a watched job completing
         self.closing: list[tuple[AttemptWatch, Job | None, float]] = []
         # hang/straggler decisions the store refused: (job pk, attempt) -> args
         self._pending_decisions: dict[tuple[int, int], tuple] = {}
@@ -90,6 +97,10 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
         for listener in self.on_listing:   # the hooks' job cache: never older than a poll
             listener(jobs, asked)
         listing = {j.job_id: j for j in jobs}
+        # a watched job still completing (its epilogs run) ends within moments:
+        # after a nudge, the loop looks again soon rather than a poll later
+        self.settling = any((j := listing.get(w.job_id)) is not None
+                            and j.state == "COMPLETING" for w in self.watches.values())
         # array tasks a hook stored under their numeric id take the scheduler's name
         for j in listing.values():
             if j.array_task_id is not None:
@@ -321,28 +332,59 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
 
     def run_forever(self, stop: threading.Event) -> None:
         """A cycle every poll interval, and one sooner when :meth:`nudge` says
-        evidence came in: at most one early cycle per
+        evidence came in (at most one such early cycle per
         ``agent.report_wakeup_gap`` after the last cycle began, so a burst of
-        epilogs costs one listing, not one each."""
+        epilogs costs one listing, not one each), or when a watched attempt's
+        silence fills its hang window before the next poll. An epilog's report
+        comes while its job is still COMPLETING: for SETTLE_AFTER_NUDGE after a
+        nudge, a cycle that lists a watched job completing is followed by the
+        next one a gap later, not a poll later, so the job's end is seen
+        within moments of the last epilog."""
         interval, gap = self.cfg.agent.poll_interval, self.cfg.agent.report_wakeup_gap
+        settle_until = 0.0
         while not stop.is_set():
             started = time.monotonic()
             self.wake.clear()      # what comes in from here on, this cycle may miss
             self.run_once()
-            self._until_next(stop, started + interval, started + gap if gap > 0 else None)
+            due, early = started + interval, False
+            if gap > 0 and self.settling and time.monotonic() < settle_until:
+                due, early = started + gap, True    # its end is moments away
+            hang = self._next_hang_due()
+            if hang is not None:
+                at = time.monotonic() + (hang - self.clock()) + HANG_SLACK
+                if at < due:
+                    due, early = at, True
+            nudged = self._until_next(stop, due, started + gap if gap > 0 else None)
+            if nudged:
+                settle_until = time.monotonic() + SETTLE_AFTER_NUDGE
+            if nudged or early:
+                self._early()
         self.tailer.close()
 
-    def _until_next(self, stop: threading.Event, due: float, early: float | None) -> None:
+    def _next_hang_due(self) -> float | None:
+        """The soonest moment (the loop's clock) a watched attempt's silence
+        fills its hang window, if any is still to come."""
+        now = self.clock()
+        dues = [d for w in self.watches.values()
+                if (d := w.hang.due()) is not None and d > now]
+        return min(dues, default=None)
+
+    def _early(self) -> None:
+        self.early_cycles += 1
+        self.store.health["early_cycles"] = self.early_cycles
+
+    def _until_next(self, stop: threading.Event, due: float, early: float | None) -> bool:
+        """Wait until ``due`` (monotonic), or less when nudged (not before
+        ``early``; never when ``early`` is None); True when a nudge ended it."""
         while not stop.is_set():
             left = due - time.monotonic()
             if left <= 0:
-                return
+                return False
             if not self.wake.wait(left):
-                return             # the poll is due
+                return False
             if early is None:      # early cycles are off: the nudge waits for the poll
                 self.wake.clear()
                 continue
             stop.wait(max(0.0, early - time.monotonic()))
-            self.early_cycles += 1
-            self.store.health["early_cycles"] = self.early_cycles
-            return
+            return True
+        return False

@@ -1,21 +1,25 @@
 """Issue 21, first slice: a node report that brings evidence starts the watch
 loop's next cycle at once, instead of at the next poll; at most one early
-cycle per agent.report_wakeup_gap, and none when it is 0."""
+cycle per agent.report_wakeup_gap, and none when it is 0. A hang window that
+fills before the next poll gets a cycle of its own."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from recovery_agent.config import from_mapping
 from recovery_agent.errors import ConfigError
 from recovery_agent.detect.patterns import load_rules
+from recovery_agent.detect.progress import HangDetector
 from recovery_agent.detect.scanner import Scanner
 from recovery_agent.inputs.ingest import Ingest
 from recovery_agent.inputs.logline import MemoryCursorStore
 from recovery_agent.inputs.tail import Tailer
 from recovery_agent.store import Store
 from recovery_agent.watch import Watcher
+from recovery_agent.watch import loop as loop_module
 from tests.unit.scripted import Script
 from tests.unit.test_ingest import XID79, report
 
@@ -107,3 +111,55 @@ def test_reports_that_bring_evidence_nudge_the_loop(tmp_path):
         assert nudged == [1, 1]
         ingest.store_report("epilog", report("epilog", report_id="0" * 31 + "4", job=None))
         assert nudged == [1, 1]                         # a node's own report: no job
+
+
+class Silent:
+    """A watch whose attempt's silence fills its hang window at ``at``."""
+
+    def __init__(self, at: float | None) -> None:
+        self.hang = type("Hang", (), {"due": lambda _self: at})()
+
+
+def test_a_hang_window_that_fills_before_the_poll_gets_its_own_cycle(tmp_path):
+    w = watcher(tmp_path)
+    w.watches[1] = Silent(time.time() + 0.3)     # the poll is 30 s away
+    w.watches[2] = Silent(None)                  # hang detection off, or fired
+    stop = running(w)
+    try:
+        assert w.ran.acquire(timeout=10)
+        assert (w.count, w.early_cycles) == (2, 1)
+        # that window is past now: nothing more comes before the poll
+        assert not w.ran.acquire(timeout=0.5)
+    finally:
+        stop.set()
+
+
+def test_a_hang_detectors_due_time_follows_its_silence():
+    hang = HangDetector(hang=60, started=1_000.0)
+    assert hang.due() == 1_060.0
+    hang.feed(1_030.0, "step 10")
+    assert hang.due() == 1_090.0
+    assert hang.check(1_089.0, running=True) is None
+    assert hang.check(1_090.0, running=True) is not None
+    assert hang.due() is None                    # this silence had its detection
+    assert HangDetector(hang=0, started=1_000.0).due() is None
+
+
+def test_after_a_nudge_a_job_still_completing_is_looked_at_again_soon(tmp_path, monkeypatch):
+    """An epilog reports while its job is COMPLETING: the nudged cycle sees the
+    job not yet ended, and its end must not wait a whole poll."""
+    monkeypatch.setattr(loop_module, "SETTLE_AFTER_NUDGE", 0.6)
+    w = watcher(tmp_path, report_wakeup_gap=0.1)
+    stop = running(w)
+    try:
+        w.settling = True           # every cycle lists a watched job completing
+        w.nudge()
+        for _ in range(3):          # the nudged cycle, then the follow-ups
+            assert w.ran.acquire(timeout=10)
+        # once the settling time is over, the poll (30 s away) is next
+        while w.ran.acquire(timeout=1.0):
+            pass
+        assert not w.ran.acquire(timeout=0.3)
+        assert w.early_cycles == w.count - 1 >= 3
+    finally:
+        stop.set()
