@@ -49,10 +49,11 @@ class AgentConfig:
     report_wakeup_gap: float = _doc(
         "A node report of a watched job that brings evidence (an epilog, XIDs, log "
         "lines) starts a watch cycle at once instead of at the next poll, so a verdict "
-        "waits on the report, not on the clock; at most one such early cycle per this "
-        "many seconds (each lists the jobs once, as a poll does), and for 5 s after it "
-        "one every this many seconds while a watched job is still COMPLETING. The poll "
-        "stays the safety net. 0: cycles on the poll only.", duration=True, default=0.25)
+        "waits on the report, not on the clock; for 5 s after it, one every this many "
+        "seconds while that job is still COMPLETING. An early cycle starts no sooner "
+        "than this long after the last one ended (each lists the jobs once, as a poll "
+        "does), and never delays the poll. 0: cycles on the poll only.", duration=True,
+        default=0.25)
     node_poll_interval: float = _doc(
         "How often the watch loop lists the nodes (sinfo) and records each change of a "
         "node's availability (down, drained, its drain reason, user and time), which "

@@ -203,8 +203,8 @@ class Ingest:
         # called with (job row id, attempt, report) for reports that carry
         # log lines, after they are stored (the watch loop scans them)
         self.log_listeners: list = []
-        # called (no arguments) once a report that brings evidence on a job is
-        # stored: an epilog, XIDs or log lines (the watch loop's next cycle comes now)
+        # called with the job's row id once a report that brings evidence on it
+        # is stored: an epilog, XIDs or log lines (the watch loop's next cycle comes now)
         self.evidence_listeners: list = []
         if jobs is not None:
             jobs.on_refresh.append(self.complete_submit_times)
@@ -319,7 +319,7 @@ class Ingest:
         if job_pk is not None and (hook == "epilog" or report["xids"]
                                    or report.get("log_lines")):
             for listener in self.evidence_listeners:
-                listener()
+                listener(job_pk)
         return StoredReport(report_pk, False, job_pk)
 
     def _after_verdict(self, hook: str, row: dict, job_pk: int, attempt: int) -> bool:

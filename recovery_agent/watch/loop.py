@@ -29,8 +29,9 @@ log = logging.getLogger("recovery_agent.watch")   # one logger for the loop, as 
 # a cycle for a hang window comes this long after the window fills (a check a
 # hair early would find the silence just short of it)
 HANG_SLACK = 0.05
-# how long after a nudge a watched job seen COMPLETING is looked at again every
-# agent.report_wakeup_gap (a stuck epilog must not keep the loop listing at that rate)
+# how long after a nudge on a job, while that job is seen COMPLETING, the loop
+# looks again every agent.report_wakeup_gap (a job stuck completing must not
+# keep the loop listing at that rate)
 SETTLE_AFTER_NUDGE = 5.0
 SEEN_FLUSH_EVERY = 60.0  # unchanged jobs' last_seen is written this often
 GONE_AFTER = 600.0  # a stored job slurmctld no longer lists is let go after this
@@ -67,7 +68,9 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
         self.on_listing: list = []
         self.wake = threading.Event()   # set by nudge(): evidence came in
         self.early_cycles = 0           # cycles a nudge brought forward
-        self.settling = False           # the last cycle listed a watched job completing
+        self.settling = False           # the last cycle listed a nudged job completing
+        self._nudged: dict[int, float] = {}   # job row -> until when it settles (monotonic)
+        self._nudge_lock = threading.Lock()
         self.closing: list[tuple[AttemptWatch, Job | None, float]] = []
         # hang/straggler decisions the store refused: (job pk, attempt) -> args
         self._pending_decisions: dict[tuple[int, int], tuple] = {}
@@ -92,15 +95,22 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
     def cycle(self) -> int:
         """Run one cycle; return how many detections it stored."""
         now = self.clock()
+        self.settling = False      # a failed listing shows nothing completing
         asked = time.monotonic()
         jobs = self.scheduler.list_jobs()
         for listener in self.on_listing:   # the hooks' job cache: never older than a poll
-            listener(jobs, asked)
+            try:
+                listener(jobs, asked)
+            except Exception:  # noqa: BLE001 - a listener's bug must not stop the watch
+                log.exception("job listing listener failed")
         listing = {j.job_id: j for j in jobs}
-        # a watched job still completing (its epilogs run) ends within moments:
-        # after a nudge, the loop looks again soon rather than a poll later
-        self.settling = any((j := listing.get(w.job_id)) is not None
-                            and j.state == "COMPLETING" for w in self.watches.values())
+        # a watched job whose node reported lately and that is still completing
+        # (its epilogs run) ends within moments: the loop looks again soon
+        with self._nudge_lock:
+            self._nudged = {pk: t for pk, t in self._nudged.items() if t > asked}
+            nudged = set(self._nudged)
+        self.settling = any(pk in nudged and (j := listing.get(w.job_id)) is not None
+                            and j.state == "COMPLETING" for pk, w in self.watches.items())
         # array tasks a hook stored under their numeric id take the scheduler's name
         for j in listing.values():
             if j.array_task_id is not None:
@@ -325,39 +335,40 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
         health.update(error=None, ok_at=self.clock())
         return True
 
-    def nudge(self) -> None:
-        """Evidence came in (a node report, from any thread): run the next
-        cycle now rather than at the next poll (see :meth:`run_forever`)."""
+    def nudge(self, job_pk: int | None = None) -> None:
+        """Evidence came in (a node report, from any thread), on the job of row
+        ``job_pk``: run the next cycle now rather than at the next poll, and,
+        while that job is still COMPLETING, the ones after it soon too, for
+        SETTLE_AFTER_NUDGE (see :meth:`run_forever`)."""
+        if job_pk is not None:
+            with self._nudge_lock:
+                self._nudged[job_pk] = time.monotonic() + SETTLE_AFTER_NUDGE
         self.wake.set()
 
     def run_forever(self, stop: threading.Event) -> None:
         """A cycle every poll interval, and one sooner when :meth:`nudge` says
-        evidence came in (at most one such early cycle per
-        ``agent.report_wakeup_gap`` after the last cycle began, so a burst of
-        epilogs costs one listing, not one each), or when a watched attempt's
-        silence fills its hang window before the next poll. An epilog's report
-        comes while its job is still COMPLETING: for SETTLE_AFTER_NUDGE after a
-        nudge, a cycle that lists a watched job completing is followed by the
-        next one a gap later, not a poll later, so the job's end is seen
-        within moments of the last epilog."""
+        evidence came in, or when a watched attempt's silence fills its hang
+        window before the next poll. An epilog reports while its job is still
+        COMPLETING, so a cycle that lists a nudged job completing is followed
+        by the next one a gap later, not a poll later. An early cycle never
+        starts less than ``agent.report_wakeup_gap`` after the last one ended
+        (a burst of epilogs costs one listing, and a slow listing is not
+        repeated back to back), and never later than the poll."""
         interval, gap = self.cfg.agent.poll_interval, self.cfg.agent.report_wakeup_gap
-        settle_until = 0.0
         while not stop.is_set():
             started = time.monotonic()
             self.wake.clear()      # what comes in from here on, this cycle may miss
             self.run_once()
             due, early = started + interval, False
-            if gap > 0 and self.settling and time.monotonic() < settle_until:
-                due, early = started + gap, True    # its end is moments away
+            soonest = time.monotonic() + gap if gap > 0 else None
+            if soonest is not None and self.settling and soonest < due:
+                due, early = soonest, True    # its end is moments away
             hang = self._next_hang_due()
             if hang is not None:
                 at = time.monotonic() + (hang - self.clock()) + HANG_SLACK
                 if at < due:
                     due, early = at, True
-            nudged = self._until_next(stop, due, started + gap if gap > 0 else None)
-            if nudged:
-                settle_until = time.monotonic() + SETTLE_AFTER_NUDGE
-            if nudged or early:
+            if self._until_next(stop, due, soonest) or early:
                 self._early()
         self.tailer.close()
 
@@ -375,7 +386,8 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
 
     def _until_next(self, stop: threading.Event, due: float, early: float | None) -> bool:
         """Wait until ``due`` (monotonic), or less when nudged (not before
-        ``early``; never when ``early`` is None); True when a nudge ended it."""
+        ``early``, nor after ``due``; never when ``early`` is None); True when
+        a nudge ended it."""
         while not stop.is_set():
             left = due - time.monotonic()
             if left <= 0:
@@ -385,6 +397,6 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
             if early is None:      # early cycles are off: the nudge waits for the poll
                 self.wake.clear()
                 continue
-            stop.wait(max(0.0, early - time.monotonic()))
+            stop.wait(max(0.0, min(early, due) - time.monotonic()))
             return True
         return False

@@ -89,7 +89,15 @@ def test_a_fatal_nvswitch_error_in_the_fabric_managers_log_excludes_the_node():
             "fid 0 on NVSwitch pci bus id 00000000:86:00.0 physical id 3 port 33")
     verdict = _verdict([line])
     assert (verdict.category, verdict.action) == ("gpu_hardware", "requeue_exclude")
-    assert verdict.gpus == ("0000:86:00",)
+    assert verdict.gpus == ()     # the bus id is the switch's: no GPU is named
+
+
+@pytest.mark.parametrize("line", [
+    "Detected 0 volatile double-bit ECC error(s) in GPU 7.",
+    "Found 0 faulty memory elements on GPU 2.",
+])
+def test_dcgm_counts_of_zero_are_no_fault(line):
+    assert _rules([line]) == []
 
 
 def test_a_non_fatal_nvswitch_error_is_no_failure():

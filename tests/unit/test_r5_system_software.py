@@ -22,8 +22,6 @@ def _verdict(lines):
 
 @pytest.mark.parametrize("line, rule, action", [
     # slurmctld's drain reason after processes outlived the kill
-    ("   Reason=Kill task failed [root@2024-08-08T19:12:57]",
-     "slurm.node_drained_kill_task_failed", "requeue_exclude"),
     ("Kill task failed     root      2025-06-02T22:09:38 kla-ac-cpu-[04,16]",
      "slurm.node_drained_kill_task_failed", "requeue_exclude"),
     # LNet under Lustre: a transfer to a server NID timed out
@@ -51,6 +49,14 @@ def test_formats_classify(line, rule, action):
 def test_neighbours_are_not_taken(line):
     rules = {d.rule for d in SCANNER.scan_lines([line])}
     assert not rules & {"slurm.node_drained_kill_task_failed", "fs.lnet_timeout"}
+
+
+def test_scontrols_reason_line_names_no_node_and_fires_nothing():
+    """A health script logging `scontrol show node` for every node would
+    otherwise blame the host that printed the line, not the drained node."""
+    lines = ["   Reason=Kill task failed [root@2024-08-08T19:12:57]"]
+    assert "slurm.node_drained_kill_task_failed" not in {
+        d.rule for d in SCANNER.scan_lines(lines)}
 
 
 def test_a_kill_task_drain_names_the_nodes_sinfo_lists():

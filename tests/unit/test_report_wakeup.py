@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -16,10 +17,10 @@ from recovery_agent.detect.progress import HangDetector
 from recovery_agent.detect.scanner import Scanner
 from recovery_agent.inputs.ingest import Ingest
 from recovery_agent.inputs.logline import MemoryCursorStore
+from recovery_agent.scheduler.base import Job
 from recovery_agent.inputs.tail import Tailer
 from recovery_agent.store import Store
 from recovery_agent.watch import Watcher
-from recovery_agent.watch import loop as loop_module
 from tests.unit.scripted import Script
 from tests.unit.test_ingest import XID79, report
 
@@ -99,7 +100,7 @@ def test_reports_that_bring_evidence_nudge_the_loop(tmp_path):
     with Store(tmp_path / "r.db") as store:
         ingest = Ingest(store, "c1")
         nudged = []
-        ingest.evidence_listeners.append(lambda: nudged.append(1))
+        ingest.evidence_listeners.append(lambda pk: nudged.append(1))
         ingest.store_report("prolog", report())
         assert nudged == []                             # a run begins: nothing to judge
         ingest.store_report("prolog", report(report_id="0" * 31 + "2", xids=[XID79]))
@@ -145,21 +146,69 @@ def test_a_hang_detectors_due_time_follows_its_silence():
     assert HangDetector(hang=0, started=1_000.0).due() is None
 
 
-def test_after_a_nudge_a_job_still_completing_is_looked_at_again_soon(tmp_path, monkeypatch):
+def test_while_a_nudged_job_completes_the_loop_looks_again_a_gap_later(tmp_path):
     """An epilog reports while its job is COMPLETING: the nudged cycle sees the
     job not yet ended, and its end must not wait a whole poll."""
-    monkeypatch.setattr(loop_module, "SETTLE_AFTER_NUDGE", 0.6)
     w = watcher(tmp_path, report_wakeup_gap=0.1)
     stop = running(w)
     try:
-        w.settling = True           # every cycle lists a watched job completing
+        w.settling = True           # as a cycle sets it: a nudged job is completing
         w.nudge()
         for _ in range(3):          # the nudged cycle, then the follow-ups
             assert w.ran.acquire(timeout=10)
-        # once the settling time is over, the poll (30 s away) is next
-        while w.ran.acquire(timeout=1.0):
+        w.settling = False          # the job ended: the poll (30 s away) is next
+        while w.ran.acquire(timeout=0.5):
             pass
         assert not w.ran.acquire(timeout=0.3)
         assert w.early_cycles == w.count - 1 >= 3
     finally:
         stop.set()
+
+
+def test_a_gap_longer_than_the_poll_never_delays_the_poll(tmp_path):
+    w = watcher(tmp_path, poll_interval=0.3, report_wakeup_gap=20)
+    stop = running(w)
+    try:
+        w.nudge()
+        assert w.ran.acquire(timeout=5)   # the poll, 0.3 s on: not the nudge's 20 s
+    finally:
+        stop.set()
+
+
+def test_settling_follows_the_nudged_job_only(loop_parts):
+    """A job stuck completing for long, with reports coming for other jobs,
+    must not keep the loop listing every gap: only the job a report named
+    settles, and only for SETTLE_AFTER_NUDGE."""
+    watcher_, store, sched = loop_parts
+    ingest = Ingest(store, "c1")
+    ingest.evidence_listeners.append(watcher_.nudge)
+    stuck = Job(job_id="7", numeric_id=7, state="RUNNING", submit_time=1, start_time=2,
+                nodes=("node1",), comment="recovery=act:monitor", user="alice")
+    other = replace(stuck, job_id="8", numeric_id=8)
+    sched.jobs = [stuck, other]
+    watcher_.cycle()
+    pks = {w.job_id: pk for pk, w in watcher_.watches.items()}
+    sched.jobs = [replace(stuck, state="COMPLETING"), other]
+    watcher_.cycle()
+    assert watcher_.settling is False          # completing, but no report named it
+    watcher_.nudge(pks["8"])
+    watcher_.cycle()
+    assert watcher_.settling is False          # a report on another job
+    watcher_.nudge(pks["7"])
+    watcher_.cycle()
+    assert watcher_.settling is True
+    with watcher_._nudge_lock:                 # SETTLE_AFTER_NUDGE later
+        watcher_._nudged[pks["7"]] = time.monotonic() - 1
+    watcher_.cycle()
+    assert watcher_.settling is False
+
+
+@pytest.fixture
+def loop_parts(tmp_path):
+    cfg = from_mapping({"agent": {"cluster": "c1"},
+                        "environments": {"act": {"mode": "monitor"}}})
+    store = Store(tmp_path / "w.db")
+    sched = Script()
+    w = Watcher(cfg, store, sched, Scanner(load_rules(), engine="re"),
+                Tailer(MemoryCursorStore()))
+    return w, store, sched
