@@ -165,6 +165,7 @@ def test_the_hooks_never_file_a_reused_id_under_the_old_job(loop, tmp_path):
     run(watcher, clock, cycles=3)
     reused = [e for e in store.timeline(old_row["id"]) if e["kind"] == "id_reused"]
     assert len(reused) == 1
+    cache.wait()
 
 
 def test_a_stale_listing_of_a_run_that_ended_in_its_first_second_is_no_run_again(tmp_path):
@@ -181,6 +182,7 @@ def test_a_stale_listing_of_a_run_that_ended_in_its_first_second_is_no_run_again
         store.record_attempt(pk, replace(running, state="CANCELLED", end_time=9_001))
         store.set_job_state(pk, "GONE")
         stored = ingest.store_report("prolog", prolog(3, "act:monitor", 9_500.0))
+        cache.wait()    # the miss's background refresh, before the store closes
         assert stored.job_row != pk
         assert (store.job(pk)["state"], store.job(pk)["mode"]) == ("GONE", "action")
 
