@@ -109,8 +109,10 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
         with self._nudge_lock:
             self._nudged = {pk: t for pk, t in self._nudged.items() if t > asked}
             nudged = set(self._nudged)
-        self.settling = any(pk in nudged and (j := listing.get(w.job_id)) is not None
-                            and j.state == "COMPLETING" for pk, w in self.watches.items())
+        # (the few jobs reports named lately, not every watch: a hot path)
+        self.settling = any((w := self.watches.get(pk)) is not None
+                            and (j := listing.get(w.job_id)) is not None
+                            and j.state == "COMPLETING" for pk in nudged)
         # array tasks a hook stored under their numeric id take the scheduler's name
         for j in listing.values():
             if j.array_task_id is not None:
