@@ -131,6 +131,19 @@ class NodeQueries:
         return [{**json.loads(r["evidence"]), "id": r["id"], "report": r["report"]}
                 for r in rows]
 
+    def degradation_now(self, node: str | None = None) -> dict[str, dict[str, dict]]:
+        """{node: {gpu: its newest degradation record}}, for every node (or
+        one), GPUs whose newest record is back at ``ok`` included: the index
+        on (node, gpu, id) answers one max(id) per GPU."""
+        where, args = ("where node = ?", [node]) if node is not None else ("", [])
+        out: dict[str, dict[str, dict]] = {}
+        for row in self.db.query(
+                "select d.node, d.gpu, d.evidence from node_degradation d join "
+                f"(select max(id) as id from node_degradation {where} group by node, gpu) "
+                "newest on newest.id = d.id order by d.node, d.gpu", args):
+            out.setdefault(row["node"], {})[row["gpu"]] = json.loads(row["evidence"])
+        return out
+
     # -- what a node's page shows ------------------------------------------------
     def node_xids(self, node: str, limit: int = 200) -> list[dict]:
         """The XIDs the hooks reported on ``node``, newest first, each with the
