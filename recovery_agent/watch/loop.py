@@ -307,8 +307,8 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
 
     def _plan_moves(self, now: float) -> None:
         """A node that became degraded since the last look gets its moves
-        planned (decide/moves.py): once per change into ``degraded``. The
-        cursor is the last degradation record seen, kept across restarts."""
+        planned (decide/moves.py): at most once per change into ``degraded``.
+        The cursor is the last degradation record seen, kept across restarts."""
         if self.decider is None:
             return
         if self._moves_cursor is None:
@@ -318,6 +318,10 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
             return
         nodes = sorted({r["node"] for r in rows if r["level"] == "degraded"
                         and r["previous_level"] != "degraded"})
+        # the cursor moves first: an agent that dies while planning plans those
+        # nodes at most once (a lost plan moves nothing; a repeated one could)
+        self._moves_cursor = rows[-1]["id"]
+        self.store.set_state(MOVES_CURSOR, self._moves_cursor)
         mover = Mover(self.decider)
         for node in nodes:
             moved = mover.plan(node, now)
@@ -325,8 +329,6 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
                 log.info("node=%s degraded: %d move(s), %d refusal(s)", node,
                          sum(m.moves for m in moved.plan.jobs),
                          sum(not m.moves for m in moved.plan.jobs))
-        self._moves_cursor = rows[-1]["id"]
-        self.store.set_state(MOVES_CURSOR, self._moves_cursor)
 
     def _end(self, job_pk: int, state: str) -> None:
         watch = self.watches.get(job_pk)
