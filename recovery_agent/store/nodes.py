@@ -123,6 +123,13 @@ class NodeQueries:
             "node = ? and gpu = ?", [node, gpu], order_by="id desc", limit=1))
         return json.loads(rows[0]["evidence"]) if rows else None
 
+    def degradation_after(self, pk: int, limit: int = 500) -> list[dict]:
+        """Degradation records stored after the record ``pk`` (id, node, level,
+        previous_level), oldest first: what the move planner has not seen."""
+        return list(self.db["node_degradation"].rows_where(
+            "id > ?", [pk], select="id, node, level, previous_level", order_by="id",
+            limit=limit))
+
     def node_degradation(self, node: str, limit: int = 200) -> list[dict]:
         """A node's degradation records (every GPU), newest first, each the
         evidence record with the row's ``id`` and ``report``."""
