@@ -43,7 +43,7 @@ from slurm_hooks import kmsg
 from .engines import TRACEBACK, make_engine
 from .model import Detection, Evidence
 from .origin import _NO_NODE, line_origin
-from .patterns import Rule, xid_action
+from .patterns import Rule, xid_action, xid_category
 from .tracebacks import TB_MAX_LINES, TB_MAX_OTHER, _Summary, _Traceback, _traceback_kind
 
 __all__ = ["MAX_LINE", "Scanner", "ScanStream"]
@@ -137,11 +137,12 @@ class Scanner:
         if rule.lookback and not (pci or gpu):
             pci, gpu = _look_back(list(recent)[-rule.lookback:])
         xid = _int(groups.get("xid"))
-        action, severity = rule.action, rule.severity
+        action, severity, category = rule.action, rule.severity, rule.category
         if rule.action_by_xid and xid is not None:
             event = kmsg.parse_xid(line)
             kind, message = (event["kind"], event["message"]) if event else ("xid", line)
             action = xid_action(xid, message, kind)
+            category = xid_category(xid, action, kind, rule.category)
             severity = _SEVERITY_BY_ACTION[action]
             pci = pci or (event or {}).get("pci")
         host, rank = groups.get("host") or None, _int(groups.get("rank"))
@@ -153,7 +154,7 @@ class Scanner:
                 host = origin.host
             rank = origin.rank if rank is None else rank
         evidence = (Evidence(line[:EVIDENCE_MAX], source, lineno),) + more
-        return Detection(rule=rule.id, category=rule.category, severity=severity,
+        return Detection(rule=rule.id, category=category, severity=severity,
                          action_hint=action, evidence=evidence, host=host,
                          rank=rank, pci=pci, gpu=gpu, xid=xid,
                          detail=detail or rule.description, role=rule.role,

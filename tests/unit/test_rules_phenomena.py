@@ -1,0 +1,74 @@
+"""Failures read by the phenomenon the emitter prints, not by the one log a
+rule was first written for (issue 15, items 1 and 2): XIDs whose catalog
+cause is the program, CUDA errors that may be the GPU, torch elastic's
+teardown on a signal, the c10d store's connect and bind errors, kernel and
+cgroup memory kills, and a verdict made of symptoms alone.
+
+Every log line here is a real one, quoted in the public source named above
+it (the rule's comment in etc/patterns/ names it too); none is built from a
+format string.
+"""
+from __future__ import annotations
+
+import pytest
+
+from recovery_agent.detect.attribution import attribute
+from recovery_agent.detect.context import AttributionContext, context_from_lines
+from recovery_agent.detect.model import Detection, Evidence
+from recovery_agent.detect.patterns import APPLICATION_XIDS, load_rules, xid_category
+from recovery_agent.detect.scanner import Scanner
+
+SCANNER = Scanner(load_rules(), engine="re")
+
+
+def verdict(lines: list[str]):
+    return attribute(SCANNER.scan_lines(lines, source="t"), context_from_lines(lines))
+
+
+def fired(lines: list[str]) -> set[str]:
+    return {d.rule for d in SCANNER.scan_lines(lines, source="t") if d.severity != "info"}
+
+
+# -- XIDs whose catalog cause is the program -----------------------------------------
+
+# openwall/john#2491 (an OpenCL kernel's out-of-range access)
+XID13 = ("[139600.598066] NVRM: Xid (PCI:0000:05:00): 13, Graphics SM Warp Exception on "
+         "(GPC 0, TPC 0): Out Of Range Address")
+# kubernetes-sigs/dra-driver-nvidia-gpu#904 (a test program writing through a null pointer)
+XID43 = "[1231741.378609] NVRM: Xid (PCI:0009:01:00): 43, pid=3188489, name=trigger_xid, channel 0x0b00000a"
+# flashinfer-ai/flashinfer#3869 (an out-of-bounds write in an allreduce kernel)
+XID31 = ("19:15:34  NVRM: Xid (PCI:0000:9a:00): 31, pid=477445, name=python3, channel 0x00000002, "
+         "intr 00000000.")
+# wilicc/gpu-burn#1: the GPU fell off the bus
+XID79 = "[74889.644138] NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize("line", [XID13, XID43, XID31])
+def test_an_xid_the_catalog_puts_on_the_program_is_the_application(line):
+    detection = SCANNER.scan_lines([line], source="t")[0]
+    assert (detection.rule, detection.category, detection.action_hint) == (
+        "kernel.xid", "application", "stop")
+    v = verdict([line])
+    assert (v.category, v.action, v.blame) == ("application", "stop", "application")
+
+
+def test_a_gpu_fault_xid_stays_the_gpu():
+    v = verdict([XID79])
+    assert (v.category, v.action, v.blame) == ("gpu_hardware", "requeue_exclude", "node")
+
+
+def test_xid_category_follows_the_catalog_and_the_reading():
+    assert {13, 31, 43} <= APPLICATION_XIDS
+    assert xid_category(13, "stop") == "application"
+    assert xid_category(79, "requeue_exclude") == "gpu_hardware"
+    # an SXid is the NVSwitch's, and a code read another way keeps the default
+    assert xid_category(13, "stop", "sxid") == "gpu_hardware"
+    assert xid_category(13, "requeue", default="gpu_hardware") == "gpu_hardware"
+
+
+def test_a_node_report_of_an_application_xid_blames_the_code_not_the_node():
+    event = Detection(rule="xid", category="gpu_hardware", severity="error", action_hint="none",
+                      evidence=(Evidence(XID13, "hook:g1/epilog"),), host="g1", xid=13,
+                      pci="0000:05:00", origin="system", detail=XID13)
+    v = attribute([], AttributionContext(nodes=("g1",), node_events=(event,)))
+    assert (v.category, v.action, v.blame, v.nodes) == ("application", "stop", "application", ())
