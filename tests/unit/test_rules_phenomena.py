@@ -72,3 +72,50 @@ def test_a_node_report_of_an_application_xid_blames_the_code_not_the_node():
                       pci="0000:05:00", origin="system", detail=XID13)
     v = attribute([], AttributionContext(nodes=("g1",), node_events=(event,)))
     assert (v.category, v.action, v.blame, v.nodes) == ("application", "stop", "application", ())
+
+
+# -- CUDA errors that may be the GPU: retried, excluded with node evidence --------------
+
+# torch/cutorch#197 (Lua torch's THC, 300,000 steps in), nv-tlabs/3dgrut#191 (21 minutes in)
+UNKNOWN_MID_RUN = [
+    "luajit: cuda runtime error (30) : unknown error at /tmp/luarocks_cutorch-scm-1-9927/cutorch/lib/THC/THCStorage.c:113",
+    "  what():  CUDA error: unknown error",
+]
+# facebookresearch/maskrcnn-benchmark#238 (THC's init), NVIDIA/gpu-operator#1146 (the validator)
+UNKNOWN_AT_INIT = [
+    "THCudaCheck FAIL file=/opt/conda/conda-bld/pytorch-nightly_1542964575207/work/aten/src/THC/THCGeneral.cpp line=51 error=30 : unknown error",
+    "Failed to allocate device vector A (error code unknown error)!",
+]
+# a llama.cpp build note and a CUDA.jl note (find_string ids 55104342092, 56051759896)
+INVALID_IMAGE = ["CUDA error: device kernel image is invalid",
+                 "CUDA error: device kernel image is invalid (code 200, ERROR_INVALID_IMAGE)"]
+
+
+@pytest.mark.parametrize("line", UNKNOWN_MID_RUN)
+def test_an_unknown_cuda_error_in_a_running_program_is_retried(line):
+    v = verdict([line])
+    assert (v.category, v.action, v.blame, v.nodes) == ("cuda_error", "requeue", "unknown", ())
+    assert v.signature == "cuda:unknown"     # the repeat rule tells the node from the code
+
+
+def test_an_unknown_cuda_error_with_a_gpu_xid_on_the_node_excludes_it():
+    event = Detection(rule="xid", category="gpu_hardware", severity="critical",
+                      action_hint="none", evidence=(Evidence(XID79, "hook:g1/epilog"),),
+                      host="g1", xid=79, pci="0000:02:00", origin="system", detail=XID79)
+    lines = [UNKNOWN_MID_RUN[1]]
+    v = attribute(SCANNER.scan_lines(lines, source="t"),
+                  AttributionContext(nodes=("g1", "g2"), node_events=(event,)))
+    assert (v.blame, v.action, v.nodes) == ("node", "requeue_exclude", ("g1",))
+
+
+@pytest.mark.parametrize("line", UNKNOWN_AT_INIT)
+def test_an_unknown_cuda_error_where_cuda_starts_is_the_node(line):
+    assert fired([line]) == {"cuda.unknown_error_at_init"}
+    assert verdict([line]).action == "requeue_exclude"
+
+
+@pytest.mark.parametrize("line", INVALID_IMAGE)
+def test_a_kernel_image_the_driver_cannot_load_is_the_node_driver(line):
+    assert fired([line]) == {"cuda.driver_too_old"}
+    v = verdict([line])
+    assert (v.category, v.action) == ("system_software", "requeue_exclude")
