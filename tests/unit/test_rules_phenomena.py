@@ -119,3 +119,42 @@ def test_a_kernel_image_the_driver_cannot_load_is_the_node_driver(line):
     assert fired([line]) == {"cuda.driver_too_old"}
     v = verdict([line])
     assert (v.category, v.action) == ("system_software", "requeue_exclude")
+
+
+# -- torch elastic's teardown and c10d's store port ------------------------------------
+
+# pytorch/pytorch#150916 (the agent SIGTERMed from outside), GanjinZero/RRHF#35
+AGENT_SIGNALLED = [
+    "W0409 07:28:49.530000 1359 torch/distributed/elastic/agent/server/api.py:719] Received 15 death signal, shutting down workers",
+    "W0409 07:28:49.531000 1359 torch/distributed/elastic/multiprocessing/api.py:897] Sending process 1365 closing signal SIGTERM",
+]
+SIGNAL_EXCEPTION = "torch.distributed.elastic.multiprocessing.api.SignalException: Process 2920830 got signal: 1"
+# huggingface/accelerate#2246 (a launcher per task, one port per node)
+PORT_TAKEN = [
+    "[W socket.cpp:436] [c10d] The server socket has failed to bind to [::]:12211 (errno: 98 - Address already in use).",
+    "[W socket.cpp:436] [c10d] The server socket has failed to bind to 0.0.0.0:12211 (errno: 98 - Address already in use).",
+    "[E socket.cpp:472] [c10d] The server socket has failed to listen on any local network address.",
+]
+
+
+@pytest.mark.parametrize("lines", [AGENT_SIGNALLED, [SIGNAL_EXCEPTION]])
+def test_an_agent_signalled_from_outside_alone_is_an_unexplained_requeue(lines):
+    v = verdict(lines)
+    assert (v.category, v.action, v.blame, v.unexplained) == (
+        "system_software", "requeue", "unknown", True)
+
+
+def test_a_cause_outranks_the_agent_signal_whatever_the_order():
+    # the signal is what a failure elsewhere leaves behind: the port clash decides
+    v = verdict(AGENT_SIGNALLED + PORT_TAKEN)
+    assert (v.category, v.action) == ("application", "stop")
+    assert "pytorch.address_in_use" in v.reason
+
+
+def test_the_agent_stopping_its_workers_alone_fires_nothing():
+    assert fired([AGENT_SIGNALLED[1]]) == set()
+
+
+def test_the_store_port_taken_on_the_node_is_the_launch_configuration():
+    v = verdict(PORT_TAKEN)
+    assert (v.category, v.action, v.blame) == ("application", "stop", "application")
