@@ -158,3 +158,44 @@ def test_the_agent_stopping_its_workers_alone_fires_nothing():
 def test_the_store_port_taken_on_the_node_is_the_launch_configuration():
     v = verdict(PORT_TAKEN)
     assert (v.category, v.action, v.blame) == ("application", "stop", "application")
+
+
+# -- memory kills without a CUDA OOM ---------------------------------------------------
+
+# an AWS ParallelCluster run log, an HPL note, a NEURON script's output (mpiexec)
+# (find_string ids 46107263071, 28227498076, 19816677129)
+MPI_KILLED = [
+    "mpirun noticed that process rank 12 with PID 6866 on node queue1-dy-compute-resource-1-1 exited on signal 9 (Killed).",
+    "mpirun noticed that process rank 5 with PID 0 on node sta-fpga-d exited on signal 9 (Killed).",
+    "mpiexec noticed that process rank 0 with PID 0 on node kseniia-pc exited on signal 9 (Killed).",
+]
+# chrisknewman/tusas#149 (Slurm 23.02+'s wording)
+SLURM_OOM = ("slurmstepd: error: Detected 1 oom_kill event in StepId=440575.0. Some of the step "
+             "tasks have been OOM Killed.")
+# deepseek-ai/DeepSeek-Coder#55 as a fine-tuning FAQ quotes it (find_string id 12064442746)
+DS_SIGKILL = next(r for r in load_rules() if r.id == "deepspeed.launcher_sigkill").examples_match[0]
+# deepspeedai/DeepSpeed#6896: a rank that aborted is no memory kill
+MPI_ABORTED = "prterun noticed that process rank 7 with PID 0 on node gpu0304 exited on signal 6 (Aborted)."
+
+
+@pytest.mark.parametrize("line", MPI_KILLED)
+def test_a_rank_the_mpi_launcher_saw_killed_is_in_the_oom_family(line):
+    assert fired([line]) == {"signal.mpi_rank_killed"}
+    v = verdict([line])
+    # an exit report alone: the OOM family, retried within the unexplained budget
+    assert (v.category, v.action, v.unexplained) == ("oom", "requeue", True)
+
+
+def test_the_cgroup_oom_line_with_the_rank_killed_is_the_cause():
+    v = verdict([MPI_KILLED[0], SLURM_OOM])
+    assert (v.category, v.action) == ("oom", "stop")
+    assert v.reason.startswith("slurm.oom_kill")
+
+
+def test_deepspeed_reporting_a_sigkilled_worker_reads_as_torchrun_s_exitcode_minus_9():
+    assert fired([DS_SIGKILL]) == {"deepspeed.launcher_sigkill"}
+    assert (verdict([DS_SIGKILL]).category, verdict([DS_SIGKILL]).action) == ("oom", "stop")
+
+
+def test_a_rank_killed_by_another_signal_is_no_memory_kill():
+    assert fired([MPI_ABORTED]) == {"signal.mpi_rank_signal"}
