@@ -199,3 +199,22 @@ def test_deepspeed_reporting_a_sigkilled_worker_reads_as_torchrun_s_exitcode_min
 
 def test_a_rank_killed_by_another_signal_is_no_memory_kill():
     assert fired([MPI_ABORTED]) == {"signal.mpi_rank_signal"}
+
+
+# horovod/horovod#2656 (Open MPI's summary, its last line cut by the poster)
+MPI_SUMMARY = [
+    "Primary job  terminated normally, but 1 process returned",
+    "a non-zero exit code. Per user-direction, the job has been aborted.",
+    "--------------------------------------------------------------------------",
+    "mpirun detected that one or more processes exited with non",
+]
+
+
+def test_the_mpi_launcher_summary_alone_is_an_unexplained_failure_not_benign():
+    v = verdict(MPI_SUMMARY)
+    assert (v.category, v.action, v.unexplained) == (None, "requeue", True)
+
+
+def test_the_mpi_launcher_summary_after_a_memory_kill_keeps_the_oom():
+    v = verdict([MPI_KILLED[0], SLURM_OOM] + MPI_SUMMARY)
+    assert (v.category, v.action) == ("oom", "stop")
