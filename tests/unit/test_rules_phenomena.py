@@ -218,3 +218,38 @@ def test_the_mpi_launcher_summary_alone_is_an_unexplained_failure_not_benign():
 def test_the_mpi_launcher_summary_after_a_memory_kill_keeps_the_oom():
     v = verdict([MPI_KILLED[0], SLURM_OOM] + MPI_SUMMARY)
     assert (v.category, v.action) == ("oom", "stop")
+
+
+# -- symptom vs cause ------------------------------------------------------------------
+
+def _symptom_examples():
+    for rule in load_rules():
+        if rule.role in ("symptom", "exit") and rule.severity != "info" and rule.scope == "line":
+            for line in rule.examples_match:
+                yield pytest.param(rule.id, line, id=f"{rule.id}:{line[:40]}")
+
+
+@pytest.mark.parametrize("rule_id, line", list(_symptom_examples()))
+def test_a_shipped_symptom_or_exit_line_alone_never_stops_or_blames_the_code(rule_id, line):
+    found = SCANNER.scan_lines([line], source="t")
+    if any(d.role in ("root", "cause") and d.severity != "info" for d in found):
+        return      # a more specific cause claims the line (it outranks the symptom)
+    v = attribute(found, context_from_lines([line]))
+    assert v.action != "stop" and v.blame != "application", (rule_id, v)
+    assert v.category != "application", (rule_id, v)
+    assert v.unexplained or v.action == "none", (rule_id, v)
+
+
+def test_a_site_symptom_rule_asking_to_stop_is_still_an_unexplained_requeue():
+    # a symptom's own action hint never turns a verdict of symptoms into a stop
+    line = AGENT_SIGNALLED[0]
+    symptom = Detection(rule="site.symptom", category="application", severity="error",
+                        action_hint="stop", role="symptom", evidence=(Evidence(line, "t", 1),))
+    v = attribute([symptom])
+    assert (v.blame, v.action, v.category, v.unexplained) == ("unknown", "requeue", None, True)
+
+
+def test_a_cause_after_the_symptoms_still_decides():
+    # the symptom comes first in the log; the cause is later and still wins
+    v = verdict([AGENT_SIGNALLED[0]] + [XID13])
+    assert (v.category, v.action) == ("application", "stop")
