@@ -253,3 +253,12 @@ def test_a_cause_after_the_symptoms_still_decides():
     # the symptom comes first in the log; the cause is later and still wins
     v = verdict([AGENT_SIGNALLED[0]] + [XID13])
     assert (v.category, v.action) == ("application", "stop")
+
+
+# a training journal quoted in a public repository (find_string id 24564955514)
+CUDNN_NO_ALGO = "RuntimeError: Unable to find a valid cuDNN algorithm to run convolution"
+
+
+def test_cudnn_finding_no_algorithm_with_workspace_is_the_oom_family():
+    assert fired([CUDNN_NO_ALGO]) == {"oom.cudnn_no_algorithm"}
+    assert (verdict([CUDNN_NO_ALGO]).category, verdict([CUDNN_NO_ALGO]).action) == ("oom", "stop")
