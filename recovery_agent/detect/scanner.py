@@ -142,7 +142,11 @@ class Scanner:
             event = kmsg.parse_xid(line)
             kind, message = (event["kind"], event["message"]) if event else ("xid", line)
             action = xid_action(xid, message, kind)
-            category = xid_category(xid, action, kind, rule.category)
+            # the driver's own Xid line names the program's faults; a daemon's
+            # re-print keeps its rule's reading (the device plugin reports only
+            # the XIDs it judges critical, and withdraws the GPU for them)
+            if event is not None:
+                category = xid_category(xid, action, kind, rule.category)
             severity = _SEVERITY_BY_ACTION[action]
             pci = pci or (event or {}).get("pci")
         host, rank = groups.get("host") or None, _int(groups.get("rank"))
@@ -208,14 +212,22 @@ class ScanStream:
         return out
 
     def flush(self) -> list[Detection]:
-        """End of input: the held partial line, then a pending summary; an
-        unfinished traceback is dropped."""
+        """End of input: the held partial line, then a pending summary; a
+        traceback still open (no exception line before the end) is read by
+        the rules its header line matches (python.traceback_unfinished)."""
         out = self.scan_block(self._tail) if self._tail else []
         self._tail, self._skip = b"", False
         if self._summary:
             out.extend(self._stamped(self._summary.finish(self)))
+        if self._tb is not None:
+            out.extend(self._stamped(self._unfinished(self._tb.header)))
         self._summary = self._tb = None
         return out
+
+    def _unfinished(self, header: Evidence) -> list[Detection]:
+        hits = self.scanner.hits(header.text, range(len(self.scanner.line_rules)))
+        return [self.scanner.detection(rule, match, header.text, header.line, self.source)
+                for rule, match in hits]
 
     def _stamped(self, found: list[Detection]) -> list[Detection]:
         if not self.origin or not found:

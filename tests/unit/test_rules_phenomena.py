@@ -262,3 +262,37 @@ CUDNN_NO_ALGO = "RuntimeError: Unable to find a valid cuDNN algorithm to run con
 def test_cudnn_finding_no_algorithm_with_workspace_is_the_oom_family():
     assert fired([CUDNN_NO_ALGO]) == {"oom.cudnn_no_algorithm"}
     assert (verdict([CUDNN_NO_ALGO]).category, verdict([CUDNN_NO_ALGO]).action) == ("oom", "stop")
+
+
+# -- a traceback the log ends inside ---------------------------------------------------
+
+# flatironinstitute/cryoSBI#66 (98 epochs in; the excerpt ends inside the traceback)
+CUT_TRACEBACK = [
+    "Traceback (most recent call last):",
+    '  File "/home/paq/programs/micromamba/envs/cryoSBI/bin/train_npe_model", line 8, in <module>',
+    "    sys.exit(cl_npe_train_no_saving())",
+]
+# facebookresearch/maskrcnn-benchmark#238: the same header, then its exception line
+FINISHED_TRACEBACK = [
+    "Traceback (most recent call last):",
+    '  File "<stdin>", line 1, in <module>',
+    '  File "/home/belhal/anaconda3/envs/maskrcnn/lib/python3.7/site-packages/torch/cuda/__init__.py", line 162, in _lazy_init',
+    "    torch._C._cuda_init()",
+    "RuntimeError: cuda runtime error (30) : unknown error at /opt/conda/conda-bld/pytorch-nightly_1542964575207/work/aten/src/THC/THCGeneral.cpp:51",
+]
+
+
+def test_a_log_that_ends_inside_a_traceback_is_an_unexplained_failure():
+    found = SCANNER.scan_lines(CUT_TRACEBACK, source="t")
+    assert [(d.rule, d.line) for d in found] == [("python.traceback_unfinished", 1)]
+    v = verdict(CUT_TRACEBACK)
+    assert (v.category, v.action, v.unexplained) == (None, "requeue", True)
+
+
+def test_a_finished_traceback_is_read_by_its_exception_line_only():
+    assert fired(FINISHED_TRACEBACK) == {"cuda.unknown_error_at_init"}
+
+
+def test_a_cause_before_a_cut_traceback_decides():
+    v = verdict(PORT_TAKEN + CUT_TRACEBACK)
+    assert (v.category, v.action) == ("application", "stop")
