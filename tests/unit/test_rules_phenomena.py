@@ -296,3 +296,19 @@ def test_a_finished_traceback_is_read_by_its_exception_line_only():
 def test_a_cause_before_a_cut_traceback_decides():
     v = verdict(PORT_TAKEN + CUT_TRACEBACK)
     assert (v.category, v.action) == ("application", "stop")
+
+
+# an echo client's traceback in a public repository (find_string id 43285035631)
+REFUSED_TRACEBACK = [
+    "Traceback (most recent call last):",
+    '  File "echo_client.py", line 7, in <module>',
+    "    s.connect((HOST, PORT))",
+    "ConnectionRefusedError: [Errno 111] Connection refused",
+]
+
+
+def test_a_connection_the_peer_refused_is_a_symptom_not_the_program_s_bug():
+    assert fired(REFUSED_TRACEBACK) == {"python.connection_error"}
+    v = verdict(REFUSED_TRACEBACK)
+    assert (v.category, v.action, v.blame, v.unexplained) == (
+        "system_software", "requeue", "unknown", True)
