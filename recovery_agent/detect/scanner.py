@@ -43,7 +43,7 @@ from slurm_hooks import kmsg
 from .engines import TRACEBACK, make_engine
 from .model import Detection, Evidence
 from .origin import _NO_NODE, line_origin
-from .patterns import Rule, xid_action
+from .patterns import Rule, xid_action, xid_category
 from .tracebacks import TB_MAX_LINES, TB_MAX_OTHER, _Summary, _Traceback, _traceback_kind
 
 __all__ = ["MAX_LINE", "Scanner", "ScanStream"]
@@ -136,11 +136,16 @@ class Scanner:
         if rule.lookback and not (pci or gpu):
             pci, gpu = _look_back(list(recent)[-rule.lookback:])
         xid = _int(groups.get("xid"))
-        action, severity = rule.action, rule.severity
+        action, severity, category = rule.action, rule.severity, rule.category
         if rule.action_by_xid and xid is not None:
             event = kmsg.parse_xid(line)
             kind, message = (event["kind"], event["message"]) if event else ("xid", line)
             action = xid_action(xid, message, kind)
+            # the driver's own Xid line names the program's faults; a daemon's
+            # re-print keeps its rule's reading (the device plugin reports only
+            # the XIDs it judges critical, and withdraws the GPU for them)
+            if event is not None:
+                category = xid_category(xid, action, kind, rule.category)
             severity = _SEVERITY_BY_ACTION[action]
             pci = pci or (event or {}).get("pci")
         host, rank = groups.get("host") or None, _int(groups.get("rank"))
@@ -152,7 +157,7 @@ class Scanner:
                 host = origin.host
             rank = origin.rank if rank is None else rank
         evidence = (Evidence(line[:EVIDENCE_MAX], source, lineno),) + more
-        return Detection(rule=rule.id, category=rule.category, severity=severity,
+        return Detection(rule=rule.id, category=category, severity=severity,
                          action_hint=action, evidence=evidence, host=host,
                          rank=rank, pci=pci, gpu=gpu, xid=xid,
                          detail=detail or rule.description, role=rule.role,
@@ -199,14 +204,22 @@ class ScanStream:
         return self.scan_block(data, cut)
 
     def flush(self) -> list[Detection]:
-        """End of input: the held partial line, then a pending summary; an
-        unfinished traceback is dropped."""
+        """End of input: the held partial line, then a pending summary; a
+        traceback still open (no exception line before the end) is read by
+        the rules its header line matches (python.traceback_unfinished)."""
         out = self.scan_block(self._tail) if self._tail else []
         self._tail, self._skip = b"", False
         if self._summary:
             out.extend(self._stamped(self._summary.finish(self)))
+        if self._tb is not None:
+            out.extend(self._stamped(self._unfinished(self._tb.header)))
         self._summary = self._tb = None
         return out
+
+    def _unfinished(self, header: Evidence) -> list[Detection]:
+        hits = self.scanner.hits(header.text, range(len(self.scanner.line_rules)))
+        return [self.scanner.detection(rule, match, header.text, header.line, self.source)
+                for rule, match in hits]
 
     def _stamped(self, found: list[Detection]) -> list[Detection]:
         if not self.origin or not found:
