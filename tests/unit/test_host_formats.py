@@ -1,0 +1,144 @@
+"""Naming the node from the formats that print it, and taking nothing that is
+no node: slurmstepd's cancel notices, PyTorch's process-group prefix for the
+default group's rank, and the names posters and containers put where a
+hostname goes (a redaction placeholder, a Docker container id).
+
+Every line is a real one, copied verbatim from the public source named above
+it (an issue thread, or a job log quoted in a public repository).
+"""
+from __future__ import annotations
+
+import pytest
+
+from recovery_agent.detect.attribution import attribute
+from recovery_agent.detect.context import context_from_lines
+from recovery_agent.detect.origin import line_origin, names_no_node
+from recovery_agent.detect.patterns import load_rules
+from recovery_agent.detect.scanner import Scanner
+
+SCANNER = Scanner(load_rules(), engine="re")
+
+# (line, host, rank)
+NAMED = [
+    # slurmstepd's notice names the node it runs on, after "ON"
+    # https://github.com/Nextomics/NextDenovo/issues/114
+    ("slurmstepd: error: *** JOB 867816 ON c0700a-s1 CANCELLED AT 2021-05-11T12:06:17 DUE TO "
+     "TIME LIMIT ***", "c0700a-s1", None),
+    # https://github.com/labsyspharm/mcmicro/issues/163
+    ("slurmstepd: error: *** JOB 13055114 ON compute-h-17-51 CANCELLED AT 2020-07-11T22:48:26 "
+     "DUE TO TIME LIMIT ***", "compute-h-17-51", None),
+    # a step's notice, then srun's report for the other node
+    # https://github.com/desihub/desitarget/issues/628
+    ("slurmstepd: error: *** STEP 32233190.0 ON nid01934 CANCELLED AT 2020-07-03T02:59:56 DUE "
+     "TO TIME LIMIT ***", "nid01934", None),
+    ("srun: error: nid01935: tasks 8-15: Terminated", "nid01935", None),
+    # older releases put the node last, before or after the closing stars
+    # https://github.com/marbl/canu/issues/1067
+    ("slurmstepd: *** JOB 830329 CANCELLED AT 2018-08-06T17:21:44 DUE TO TIME LIMIT on n447 ***",
+     "n447", None),
+    # a cluster's documentation quoting a job's error file (find_string id 6002978768)
+    ("slurmstepd: *** JOB 6398 CANCELLED AT 2015-09-04T16:40:47 *** on a1a-u2-c10-b1",
+     "a1a-u2-c10-b1", None),
+    # PyTorch >= 2.4 prefixes the default group's messages with its global rank
+    # https://github.com/instructlab/training/pull/520
+    ("  what():  [PG ID 0 PG GUID 0(default_pg) Rank 3] Process group watchdog thread terminated "
+     "with exception: [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, "
+     "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1) ran for 90 milliseconds before "
+     "timing out.", None, 3),
+    # https://github.com/XPixelGroup/BasicSR/issues/737 (the [rankN]: prefix agrees)
+    ("[rank1]:[E626 06:24:44.906457629 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID "
+     "0(default_pg) Rank 1] Exception (either an error or timeout) detected by watchdog at work: "
+     "808, last enqueued NCCL work: 811, last completed NCCL work: 807.", None, 1),
+    # NCCL's host:pid:tid: a name with "hostname" in it is still a name
+    # https://github.com/NVIDIA/nccl/issues/1814
+    ("hostname-test:986:1338 [6] NCCL INFO NCCL_IB_TIMEOUT set by environment to 18.",
+     "hostname-test", None),
+    # the printer of a local IB error whose peer is an IPv6 link-local address
+    # https://github.com/NVIDIA/nccl/issues/928
+    ("H100-2:19989:20082 [1] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from "
+     "peer fe80::966d:ae03:8b:df78%ib0<53249> with error 4, opcode 32564, len 32564, vendor "
+     "err 81 (Send)", "H100-2", None),
+]
+
+# lines whose prefixes or notices name no machine one could exclude
+UNNAMED = [
+    # a container's hostname is its id (NCCL's prefix inside Docker)
+    # https://github.com/NVIDIA/nccl/issues/1838
+    "[2025-09-09 23:51:24] 9b405963aa12:774:854 [0] transport/shm.cc:590 NCCL WARN Cuda failure "
+    "217 'peer access is not supported between these two devices'",
+    # a poster's stand-in for the hostname
+    # https://github.com/NVIDIA/nccl-tests/issues/188
+    "user:16901:16967 [2] misc/socket.cc:441 NCCL WARN socketFinalizeAccept: wrong type 4 != 3",
+    # a redacted node in slurmstepd's notice
+    # https://github.com/ZettaAI/zetta_utils/issues/671
+    "slurmstepd: error: *** JOB 494583 ON ... CANCELLED AT 2024-04-20T09:09:37 DUE TO TIME "
+    "LIMIT ***",
+    # glog chatter: a bare [Rank N] is the group's own numbering, not taken
+    # https://github.com/pytorch/pytorch/issues/88000
+    "I1028 12:13:38.405081 632355 ProcessGroupNCCL.cpp:843] [Rank 0] NCCL watchdog thread "
+    "started!",
+]
+
+
+@pytest.mark.parametrize("line, host, rank", NAMED, ids=lambda v: str(v)[:40])
+def test_the_format_names_its_node_or_rank(line, host, rank):
+    origin = line_origin(line)
+    assert (origin.host, origin.rank) == (host, rank)
+
+
+@pytest.mark.parametrize("line", UNNAMED, ids=lambda v: v[:40])
+def test_no_node_is_taken_from_what_is_no_host(line):
+    origin = line_origin(line)
+    assert (origin.host, origin.address, origin.rank) == (None, None, None)
+    assert all(d.host is None for d in SCANNER.scan_lines([line]))
+
+
+def test_another_groups_rank_is_not_the_global_rank():
+    # PG 3's rank 5 (https://github.com/sgl-project/sglang/issues/1693)
+    line = ("  what():  [PG 3 Rank 5] Process group watchdog thread terminated with exception: "
+            "[Rank 5] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9141, "
+            "OpType=_ALLGATHER_BASE, NumelIn=19008, NumelOut=152064, Timeout(ms)=600000) ran "
+            "for 600020 milliseconds before timing out.")
+    assert line_origin(line).rank is None
+
+
+def test_a_redacted_peer_address_names_no_peer():
+    # the address NCCL printed, masked by the poster (https://github.com/NVIDIA/nccl/issues/1814)
+    line = ("NCCL WARN NET/IB : Got completion from peer xxx.xxx.xxx.xxx<55921> with status=12 "
+            "opcode=1 len=0 vendor err 129 (Send) localGid ::ffff:29.87.4.221 "
+            "remoteGids::ffff:29.87.88.182")
+    found = SCANNER.scan_lines([line])
+    assert found and all(d.host is None for d in found)
+
+
+@pytest.mark.parametrize("name, none", [
+    ("localhost", True), ("user", True), ("USERNAME", True), ("hostname", True),
+    ("SERVER_NAME", True), ("gpu-xxx", True), ("xxx.xxx.xxx.xxx", True), ("9b405963aa12", True),
+    ("xxxx108", False),
+    ("hostname-test", False), ("H100-2", False), ("nid01934", False), ("deadbeef", False),
+    ("a100-st-p4d24xlarge-22", False), ("master", False),
+])
+def test_names_no_node(name, none):
+    assert names_no_node(name) is none
+
+
+def test_a_rank_from_the_group_prefix_reaches_its_node():
+    # NCCL's init line puts rank 3 on tesla-106 (a job log in a public repository,
+    # find_string id 31276347573); the default group's prefix on the watchdog line
+    # names rank 3, so the verdict names that node
+    init = ("tesla-106:13398:14208 [3] NCCL INFO comm 0x7fd174001060 rank 3 nranks 4 cudaDev 3 "
+            "busId b1000 - Init COMPLETE")
+    watchdog = NAMED[6][0]
+    context = context_from_lines([init, watchdog])
+    assert context.rank_hosts.get(3) == "tesla-106"
+    verdict = attribute(SCANNER.scan_lines([init, watchdog]), context)
+    assert "tesla-106" in verdict.where + verdict.nodes + verdict.suspects
+
+
+def test_newer_nccl_init_lines_with_a_rank_tag_map_the_rank():
+    # NCCL >= 2.27 tags init lines with [Rank N] after the level (find_string id 69779674152)
+    line = ("macpro2019-01:253809:253907 [3] NCCL INFO [Rank 3] ncclCommInitAll_impl comm "
+            "0x588ff95e26d0 rank 3 nranks 4 cudaDev 3 nvmlDev 3 busId 1e000 commId "
+            "0x1c50a375ab9ec53d - Init START")
+    assert line_origin(line).host == "macpro2019-01"
+    assert context_from_lines([line]).rank_hosts == {3: "macpro2019-01"}
