@@ -33,6 +33,7 @@ class AttributionContext:
     node_states: Mapping[str, str] = field(default_factory=dict)  # host -> state
     previous: tuple[PriorAttempt, ...] = ()
     window: tuple[float, float] | None = None         # the attempt's start, end
+    printers: tuple[str, ...] = ()                    # hosts the log's line prefixes name
 
 
 # -- layout from the log ----------------------------------------------------------
@@ -46,6 +47,7 @@ class Layout:
     addresses: Mapping[str, str] = field(default_factory=dict)
     task_hosts: Mapping[int, str] = field(default_factory=dict)
     node_index: Mapping[int, str] = field(default_factory=dict)
+    printers: tuple[str, ...] = ()   # the hosts line prefixes name as the printer, in order
 
 
 _ALLOC = re.compile(r"\b(?:Allocate JobId=\d+\S* NodeList=|SLURM_(?:JOB_|STEP_)?NODELIST[=:] ?)"
@@ -65,6 +67,7 @@ _NCCL_ADDR = re.compile(r"(?:^|\s)([A-Za-z0-9][\w.-]*):\d+:\d+ \[\d+\] NCCL INFO
                         r"(?:\[\d+\])?[\w.-]+:(\d{1,3}(?:\.\d{1,3}){3})<")
 _IPV4 = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
 _SUMMARY = re.compile(r"^\s*(?:\[\w+\]:\s*)?(host|rank)\s*:\s*([\w.-]+)")
+_PRINTERS_KEPT = 64   # printers past this many say nothing about which one a line is
 
 
 def parse_layout(lines: Iterable[str]) -> Layout:
@@ -89,8 +92,12 @@ def parse_layout(lines: Iterable[str]) -> Layout:
     per_node: list[int] = []
     steps: dict[str, list[str]] = {}    # a step (id, or its node list) -> its nodes, in order
     step_tasks: dict[str, dict[int, str]] = {}   # a step -> its task ids' hosts
+    printers: list[str] = []
     summary_host = None
     for line in lines:
+        printer = line_origin(line).host
+        if printer and printer not in printers and len(printers) < _PRINTERS_KEPT:
+            printers.append(printer)
         if "NodeList=" in line or "NODELIST" in line:
             for match in _ALLOC.finditer(line):
                 nodes.extend(n for n in _expand(match.group(1)) if n not in nodes)
@@ -131,7 +138,8 @@ def parse_layout(lines: Iterable[str]) -> Layout:
     _ranks_from_blocks(ranks, nodes, per_node)
     for task, host in _agreed(step_tasks.values()).items():   # after what --label showed
         tasks.setdefault(task, host)
-    return Layout(tuple(nodes), ranks, addresses, tasks, _node_index(steps.values()))
+    return Layout(tuple(nodes), ranks, addresses, tasks, _node_index(steps.values()),
+                  tuple(printers))
 
 
 def _node_index(steps: Iterable[Sequence[str]]) -> dict[int, str]:
@@ -273,7 +281,7 @@ def context_from_lines(lines: Iterable[str], **known) -> AttributionContext:
     layout = parse_layout(lines)
     merged = {"nodes": layout.nodes, "rank_hosts": layout.rank_hosts,
               "addresses": layout.addresses, "task_hosts": layout.task_hosts,
-              "node_index": layout.node_index}
+              "node_index": layout.node_index, "printers": layout.printers}
     for key in ("rank_hosts", "addresses", "task_hosts", "node_index"):
         if key in known:
             merged[key] = {**merged[key], **known.pop(key)}

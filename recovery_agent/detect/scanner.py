@@ -157,7 +157,7 @@ class Scanner:
                          action_hint=action, evidence=evidence, host=host,
                          rank=rank, pci=pci, gpu=gpu, xid=xid,
                          detail=detail or rule.description, role=rule.role,
-                         emitter=rule.emitter)
+                         emitter=rule.emitter, peer="host" in rule.compiled.groupindex)
 
 
 class ScanStream:

@@ -142,3 +142,45 @@ def test_newer_nccl_init_lines_with_a_rank_tag_map_the_rank():
             "0x1c50a375ab9ec53d - Init START")
     assert line_origin(line).host == "macpro2019-01"
     assert context_from_lines([line]).rank_hosts == {3: "macpro2019-01"}
+
+
+# -- a hostless node-side failure in a log every prefixed line of which one host printed --
+
+# an NCCL line of a Slurm job on qgpu2009 (https://github.com/huggingface/accelerate/issues/2246)
+# and PyTorch's report of an uncorrectable ECC error (https://github.com/tloen/alpaca-lora/issues/123),
+# put together here as one node's log
+ONE_HOST = "qgpu2009:9502:9525 [0] NCCL INFO Using network IB"
+OTHER_HOST = "qgpu2008:35184:35221 [1] NCCL INFO Using network IB"
+ECC = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
+
+
+def _verdict(lines, **known):
+    return attribute(SCANNER.scan_lines(lines), context_from_lines(lines, **known))
+
+
+def test_a_hostless_failure_is_on_the_one_host_that_printed_the_log():
+    assert context_from_lines([ONE_HOST, ECC]).printers == ("qgpu2009",)
+    verdict = _verdict([ONE_HOST, ECC])
+    assert (verdict.action, verdict.nodes) == ("requeue_exclude", ("qgpu2009",))
+
+
+def test_two_printing_hosts_leave_a_hostless_failure_unplaced():
+    verdict = _verdict([ONE_HOST, OTHER_HOST, ECC])
+    assert (verdict.action, verdict.nodes) == ("requeue_exclude", ())
+
+
+def test_known_job_nodes_win_over_the_printers():
+    # several nodes known (from Slurm): which one printed the bare line is not known
+    verdict = _verdict([ONE_HOST, ECC], nodes=("qgpu2008", "qgpu2009"))
+    assert verdict.nodes == ()
+
+
+def test_a_rule_naming_another_node_never_falls_back_to_the_printer():
+    # slurmstepd on jean-zay-iam17 reports that some node of the job failed: the
+    # printer is not the failed node (a Jean Zay job log quoted in a public
+    # repository, find_string id 13860421536)
+    line = ("slurmstepd: error: *** STEP 1943824.0 ON jean-zay-iam17 CANCELLED AT "
+            "2023-03-06T03:17:51 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***")
+    assert context_from_lines([line]).printers == ("jean-zay-iam17",)
+    verdict = _verdict([line])
+    assert (verdict.action, verdict.nodes) == ("requeue_exclude", ())
