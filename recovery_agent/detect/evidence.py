@@ -15,6 +15,7 @@ from .patterns import xid_action
 __all__ = ["all_detections"]
 
 _BAD_STATE = re.compile(r"DOWN|FAIL|NOT_RESPONDING|NO_RESPOND|\*")
+_IPV4 = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
 
 
 def all_detections(detections: Sequence[Detection],
@@ -89,12 +90,14 @@ def _named_elsewhere(d: Detection, context: AttributionContext) -> str | None:
 def _node_name(host: str, context: AttributionContext) -> str:
     """The node a name in the text stands for: through the address map (IP
     addresses, hostnames), else its short name when that is one of the job's
-    nodes (NCCL prints short names, torchrun's summary the FQDN)."""
+    nodes or a host the log's prefixes name (NCCL prints short names, its
+    peers and torchrun's summary the FQDN)."""
     if host in context.addresses:
         return context.addresses[host]
-    if context.nodes and host not in context.nodes and "[" not in host:
+    if "." in host and host not in context.nodes and "[" not in host \
+            and not _IPV4.fullmatch(host):
         short = host.split(".")[0]
-        if short in context.nodes or short in context.addresses:
+        if short in context.nodes or short in context.addresses or short in context.printers:
             return context.addresses.get(short, short)
     return host
 

@@ -64,6 +64,7 @@ _KERNEL_STAMP = re.compile(r"\s*(?:\[ *\d+\.\d+\]|\[" + _DAY + " " + _MONTH
                            + r" {1,2}\d{1,2} [\d:]{8} \d{4}\]"
                            r"|\d{4}-\d\d-\d\dT[\d:]{8},\d+[+-]\d\d:\d\d) ")   # dmesg --time-format iso
 _TASK = re.compile(r"\s*(\d{1,6}): ")
+_QUOTE = re.compile(r"(?:\s*>)+ ")
 _RANK = re.compile(r"\[rank(\d+)\]: ?")
 # Open MPI's --tag-output [job,rank]<stdout>:, and the BTLs' [host][[job,vpid],rank][file:line:fn]
 _MPI_RANK = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>: ?")
@@ -131,6 +132,9 @@ def line_origin(line: str) -> Origin:
     host = address = None
     rank = task = None
     pos, kernel = 0, False
+    quoted = _QUOTE.match(line)   # a log quoted in a mail or a markdown thread
+    if quoted:
+        pos = quoted.end()
     for _ in range(10):
         while pos < len(line) and line[pos] in " \t":
             pos += 1

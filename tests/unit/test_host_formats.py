@@ -53,12 +53,21 @@ NAMED = [
     # https://github.com/NVIDIA/nccl/issues/1814
     ("hostname-test:986:1338 [6] NCCL INFO NCCL_IB_TIMEOUT set by environment to 18.",
      "hostname-test", None),
+    # torchrun's [defaultN]: (a local rank, no node) before NCCL's prefix (a job log in
+    # a public repository, find_string id 66280673503)
+    ("[default0]:tp4-dp2-inference-pods-0:78:140 [0] NCCL INFO comm 0x55bde6678070 rank 0 "
+     "nRanks 4 nNodes 1 localRanks 4 localRank 0 MNNVL 0", "tp4-dp2-inference-pods-0", None),
+    # a log quoted in a thread ("> " before each line; find_string id 69394828704)
+    ("> node-0:188802:188816 [3] NCCL INFO comm 0x342c6e0 rank 3 nranks 4 cudaDev 3 busId "
+     "800000 commId 0xa140d81a47b5f3aa - Init START", "node-0", None),
     # the printer of a local IB error whose peer is an IPv6 link-local address
     # https://github.com/NVIDIA/nccl/issues/928
     ("H100-2:19989:20082 [1] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from "
      "peer fe80::966d:ae03:8b:df78%ib0<53249> with error 4, opcode 32564, len 32564, vendor "
      "err 81 (Send)", "H100-2", None),
 ]
+
+WATCHDOG_PG_RANK = next(line for line, _, rank in NAMED if rank == 3)
 
 # lines whose prefixes or notices name no machine one could exclude
 UNNAMED = [
@@ -73,6 +82,15 @@ UNNAMED = [
     # https://github.com/ZettaAI/zetta_utils/issues/671
     "slurmstepd: error: *** JOB 494583 ON ... CANCELLED AT 2024-04-20T09:09:37 DUE TO TIME "
     "LIMIT ***",
+    # a redacted host in NCCL's prefix (find_string id 66280673503)
+    "[default3]:...:81:150 [3] NCCL INFO ncclCommSplit comm 0x557cb9834e50 rank 3 nranks 4 "
+    "cudaDev 3 nvmlDev 3 busId 87000 parent 0x557cb94049d0 splitCount 2 color 2003953581 key 3- "
+    "Init START",
+    # shell prompts name the machine a command was typed on, not a failing node
+    # https://github.com/facebookresearch/deit/issues/28
+    "(deit92) [yuxin.fang@gpu-dev006 deit]$ NCCL_DEBUG=INFO bash train.sh",
+    # https://github.com/vllm-project/vllm/issues/5222
+    "root@server01:~# hostnamectl",
     # glog chatter: a bare [Rank N] is the group's own numbering, not taken
     # https://github.com/pytorch/pytorch/issues/88000
     "I1028 12:13:38.405081 632355 ProcessGroupNCCL.cpp:843] [Rank 0] NCCL watchdog thread "
@@ -128,7 +146,7 @@ def test_a_rank_from_the_group_prefix_reaches_its_node():
     # names rank 3, so the verdict names that node
     init = ("tesla-106:13398:14208 [3] NCCL INFO comm 0x7fd174001060 rank 3 nranks 4 cudaDev 3 "
             "busId b1000 - Init COMPLETE")
-    watchdog = NAMED[6][0]
+    watchdog = WATCHDOG_PG_RANK
     context = context_from_lines([init, watchdog])
     assert context.rank_hosts.get(3) == "tesla-106"
     verdict = attribute(SCANNER.scan_lines([init, watchdog]), context)
@@ -184,3 +202,16 @@ def test_a_rule_naming_another_node_never_falls_back_to_the_printer():
     assert context_from_lines([line]).printers == ("jean-zay-iam17",)
     verdict = _verdict([line])
     assert (verdict.action, verdict.nodes) == ("requeue_exclude", ())
+
+
+def test_a_peer_fqdn_of_the_printing_host_is_that_host_not_a_suspect():
+    # NCCL names its peer by FQDN, its own prefix by the short name: the same node
+    # (https://github.com/dmlc/xgboost/issues/7982)
+    lines = ["ip-172-31-12-104:28056:17126 [0] misc/socket.cc:523 NCCL WARN Net : Connection "
+             "closed by remote peer ip-172-31-12-104.ap-southeast-1.compute.internal<36803>"]
+    [found] = SCANNER.scan_lines(lines)
+    assert found.host == "ip-172-31-12-104.ap-southeast-1.compute.internal"
+    context = context_from_lines(lines)
+    assert context.printers == ("ip-172-31-12-104",)
+    verdict = attribute([found], context)
+    assert verdict.suspects == () and verdict.where == ("ip-172-31-12-104",)
