@@ -82,7 +82,8 @@ def parse_layout(lines: Iterable[str]) -> Layout:
     host: a task seen on a host is on it, so are the ranks seen on that task.
     A step's node index -> host comes from its ``srun -v`` launch lines and
     ``SLURM_STEP_NODELIST`` (:func:`_node_index`); srun task ids from the
-    launch lines and the ``--label`` prefixes."""
+    launch lines and the ``--label`` prefixes. ``printers`` are the hosts the
+    lines' prefixes name as where each line was printed, in order."""
     nodes: list[str] = []
     ranks: dict[int, str] = {}
     nccl: dict[int, tuple[int, str]] = {}

@@ -8,10 +8,12 @@ host.name), NCCL's ``host:pid:tid [dev]``, UCX's ``[host:pid:tid]``, Open MPI's
 ``[host:pid]`` and its BTLs' ``[host][[job,vpid],rank]``, hydra's
 ``[proxy:N:N@host]``, srun's ``error: node: task N:``, old slurmd's
 ``slurmd[host]:``, pdsh's and clush's ``host:``, kubectl's
-``[pod/NAME/container]``, a Ray worker's ``ip=``; loopback names and localhost
-name no node, and an EC2-style ``ip-10-1-2-3`` also gives its address), and
-PyTorch's ``[rankN]:`` (or Open MPI's ``[job,N]<stdout>:``) gives the rank when
-the rule names none.
+``[pod/NAME/container]``, a Ray worker's ``ip=``, slurmstepd's ``*** JOB id ON
+node CANCELLED`` notices; loopback names, localhost, redaction placeholders and
+Docker container ids name no node (:func:`names_no_node`), and an EC2-style
+``ip-10-1-2-3`` also gives its address), and PyTorch's ``[rankN]:`` (or its
+default process group's ``[PG 0 Rank N]``, or Open MPI's ``[job,N]<stdout>:``)
+gives the rank when the rule names none.
 """
 from __future__ import annotations
 
