@@ -215,3 +215,26 @@ def test_a_peer_fqdn_of_the_printing_host_is_that_host_not_a_suspect():
     assert context.printers == ("ip-172-31-12-104",)
     verdict = attribute([found], context)
     assert verdict.suspects == () and verdict.where == ("ip-172-31-12-104",)
+
+
+def test_srun_names_the_failed_node_and_slurmstepds_printer_is_not_blamed():
+    # srun names the failed node; slurmstepd's notice is printed on another node of
+    # the job (a Jean Zay job log quoted in a public repository, find_string id 13860421536)
+    lines = ["srun: error: Node failure on jean-zay-iam37",
+             "srun: Job step aborted: Waiting up to 62 seconds for job step to finish.",
+             "slurmstepd: error: *** STEP 1943824.0 ON jean-zay-iam17 CANCELLED AT "
+             "2023-03-06T03:17:51 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***"]
+    verdict = _verdict(lines)
+    assert (verdict.action, verdict.nodes) == ("requeue_exclude", ("jean-zay-iam37",))
+
+
+@pytest.mark.parametrize("line, pci", [
+    # nvidia-smi's lost-GPU line names the GPU by its bus id, with or without a space
+    # https://github.com/NVIDIA/nvidia-docker/issues/1553
+    ("Unable to determine the device handle for GPU 0000:09:00.0: Unknown Error", "0000:09:00"),
+    # https://github.com/pdbear/syno_nvidia_gpu_driver/issues/22
+    ("Unable to determine the device handle for GPU0000:07:00.0: Unknown Error", "0000:07:00"),
+])
+def test_a_pci_bus_id_names_the_gpu(line, pci):
+    [found] = SCANNER.scan_lines([line])
+    assert (found.category, found.pci) == ("gpu_hardware", pci)
