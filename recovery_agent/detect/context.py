@@ -13,7 +13,7 @@ import hostlist
 
 from .attempts import PriorAttempt
 from .model import Detection
-from .origin import line_origin
+from .origin import line_origin, names_no_node
 
 __all__ = ["AttributionContext", "Layout", "LayoutLines", "context_from_lines", "node_addresses",
            "parse_layout", "read_node_addresses", "with_host"]
@@ -67,6 +67,8 @@ _NCCL_ADDR = re.compile(r"(?:^|\s)([A-Za-z0-9][\w.-]*):\d+:\d+ \[\d+\] NCCL INFO
                         r"(?:\[\d+\])?[\w.-]+:(\d{1,3}(?:\.\d{1,3}){3})<")
 _IPV4 = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
 _SUMMARY = re.compile(r"^\s*(?:\[\w+\]:\s*)?(host|rank)\s*:\s*([\w.-]+)")
+# the node a job's script or task runs on, as an environment dump prints it
+_NODENAME = re.compile(r"\bSLURMD_NODENAME[=:] ?['\"]?([A-Za-z0-9][\w.-]*)")
 _PRINTERS_KEPT = 64   # printers past this many say nothing about which one a line is
 
 
@@ -83,7 +85,8 @@ def parse_layout(lines: Iterable[str]) -> Layout:
     A step's node index -> host comes from its ``srun -v`` launch lines and
     ``SLURM_STEP_NODELIST`` (:func:`_node_index`); srun task ids from the
     launch lines and the ``--label`` prefixes. ``printers`` are the hosts the
-    lines' prefixes name as where each line was printed, in order."""
+    lines' prefixes name as where each line was printed, and the node an
+    environment dump's ``SLURMD_NODENAME`` names, in order."""
     nodes: list[str] = []
     ranks: dict[int, str] = {}
     nccl: dict[int, tuple[int, str]] = {}
@@ -97,6 +100,8 @@ def parse_layout(lines: Iterable[str]) -> Layout:
     summary_host = None
     for line in lines:
         printer = line_origin(line).host
+        if printer is None and "SLURMD_NODENAME" in line and (match := _NODENAME.search(line)):
+            printer = None if names_no_node(match.group(1)) else match.group(1)
         if printer and printer not in printers and len(printers) < _PRINTERS_KEPT:
             printers.append(printer)
         if "NodeList=" in line or "NODELIST" in line:

@@ -238,3 +238,13 @@ def test_srun_names_the_failed_node_and_slurmstepds_printer_is_not_blamed():
 def test_a_pci_bus_id_names_the_gpu(line, pci):
     [found] = SCANNER.scan_lines([line])
     assert (found.category, found.pci) == ("gpu_hardware", pci)
+
+
+def test_an_environment_dump_names_the_node_the_script_ran_on():
+    # printenv inside a job (a cluster guide in a public repository, find_string
+    # id 54080347048): SLURMD_NODENAME is the node; the dump names no other
+    lines = ["SLURM_LAUNCH_NODE_IPADDR=192.168.1.203", "SLURM_GTIDS=0", "SLURMD_NODENAME=cn1",
+             "TMPDIR=/tmp"]
+    assert context_from_lines(lines).printers == ("cn1",)
+    verdict = _verdict([*lines, ECC])
+    assert verdict.nodes == ("cn1",)
