@@ -66,6 +66,7 @@ _KERNEL_STAMP = re.compile(r"\s*(?:\[ *\d+\.\d+\]|\[" + _DAY + " " + _MONTH
                            + r" {1,2}\d{1,2} [\d:]{8} \d{4}\]"
                            r"|\d{4}-\d\d-\d\dT[\d:]{8},\d+[+-]\d\d:\d\d) ")   # dmesg --time-format iso
 _TASK = re.compile(r"\s*(\d{1,6}): ")
+_CONTROL_DAEMON = re.compile(r"(?:slurmctld|slurmdbd)(?:\[\d+\])?: ")
 _QUOTE = re.compile(r"(?:\s*>)+ ")
 _RANK = re.compile(r"\[rank(\d+)\]: ?")
 # Open MPI's --tag-output [job,rank]<stdout>:, and the BTLs' [host][[job,vpid],rank][file:line:fn]
@@ -143,7 +144,10 @@ def line_origin(line: str) -> Origin:
         found = (_SYSLOG.match(line, pos) or _SYSLOG_5424.match(line, pos)
                  or _JOURNAL_CLOCK.match(line, pos))
         if found:
-            host, pos = found.group(1), found.end()
+            # the controller's own log: the host is the control node, which is
+            # not where the nodes its lines speak of are
+            control = _CONTROL_DAEMON.match(line, found.end(1) + 1)
+            host, pos = (None if control else found.group(1)), found.end()
             continue
         found = _STAMP.match(line, pos)
         if found is None and (found := _KERNEL_STAMP.match(line, pos)):

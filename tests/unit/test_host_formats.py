@@ -248,3 +248,19 @@ def test_an_environment_dump_names_the_node_the_script_ran_on():
     assert context_from_lines(lines).printers == ("cn1",)
     verdict = _verdict([*lines, ECC])
     assert verdict.nodes == ("cn1",)
+
+
+def test_the_controllers_syslog_host_is_not_a_node_of_the_job():
+    # slurmctld's journal on the control node (https://github.com/stackhpc/ansible-role-openhpc/issues/95):
+    # its lines speak of other nodes, the printer is none of them
+    line = ("Feb 24 09:21:38 nrel-control.novalocal slurmctld[26180]: error: Duplicated "
+            "NodeHostName nrel-hpc-0 in the config file")
+    assert line_origin(line).host is None
+    assert context_from_lines([line]).printers == ()
+
+
+def test_a_slurmd_log_line_names_the_node_in_its_cancel_notice():
+    # slurmd's own log, [time] [step] before the message (https://github.com/ai4d-iasc/trixie/issues/45)
+    line = ("[2020-12-14T09:43:55.500] [63532.0] error: *** STEP 63532.0 ON cn106 CANCELLED AT "
+            "2020-12-14T09:43:55 ***")
+    assert line_origin(line).host == "cn106"
