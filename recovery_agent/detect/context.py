@@ -85,8 +85,9 @@ def parse_layout(lines: Iterable[str]) -> Layout:
     A step's node index -> host comes from its ``srun -v`` launch lines and
     ``SLURM_STEP_NODELIST`` (:func:`_node_index`); srun task ids from the
     launch lines and the ``--label`` prefixes. ``printers`` are the hosts the
-    lines' prefixes name as where each line was printed, and the node an
-    environment dump's ``SLURMD_NODENAME`` names, in order."""
+    lines' prefixes name as where each line was printed, the node an
+    environment dump's ``SLURMD_NODENAME`` names and the host of torchrun's
+    failure summary, in order."""
     nodes: list[str] = []
     ranks: dict[int, str] = {}
     nccl: dict[int, tuple[int, str]] = {}
@@ -133,6 +134,9 @@ def parse_layout(lines: Iterable[str]) -> Layout:
         match = _SUMMARY.match(line) if ":" in line else None
         if match and match.group(1) == "host":
             summary_host = match.group(2)
+            if summary_host not in printers and not names_no_node(summary_host) \
+                    and len(printers) < _PRINTERS_KEPT:
+                printers.append(summary_host)   # the failed rank's node
         elif match and summary_host and match.group(2).isdigit():
             ranks.setdefault(int(match.group(2)), summary_host)
             summary_host = None

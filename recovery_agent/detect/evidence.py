@@ -9,7 +9,7 @@ from typing import Sequence
 
 from .context import AttributionContext, _expand
 from .model import Detection, Evidence
-from .origin import line_origin
+from .origin import line_origin, names_no_node
 from .patterns import xid_action
 
 __all__ = ["all_detections"]
@@ -60,6 +60,8 @@ def _fill_host(d: Detection, context: AttributionContext) -> Detection:
     if host is None and named is None and context.task_hosts and d.evidence:
         task = line_origin(d.evidence[0].text).task
         host = context.task_hosts.get(task) if task is not None else None
+    if host is not None and names_no_node(host):
+        host = None       # a rank or task placed on a container's id, a placeholder
     if host is not None:
         host = _node_name(host, context)
     return d if host == d.host else replace(d, host=host)

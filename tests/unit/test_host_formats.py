@@ -264,3 +264,28 @@ def test_a_slurmd_log_line_names_the_node_in_its_cancel_notice():
     line = ("[2020-12-14T09:43:55.500] [63532.0] error: *** STEP 63532.0 ON cn106 CANCELLED AT "
             "2020-12-14T09:43:55 ***")
     assert line_origin(line).host == "cn106"
+
+
+def test_torchruns_failure_summary_names_the_failed_ranks_node():
+    # torchrun's ChildFailedError block (an issue thread kept in a public
+    # repository, find_string id 69432362941)
+    lines = ["Root Cause (first observed failure):", "[0]:",
+             "  time      : 2026-06-12_01:14:57", "  host      : pool0-01753",
+             "  rank      : 0 (local_rank: 0)", "  exitcode  : -9 (pid: 3908423)",
+             "  error_file: <N/A>", "  traceback : Signal 9 (SIGKILL) received by PID 3908423"]
+    context = context_from_lines(lines)
+    assert (context.rank_hosts, context.printers) == ({0: "pool0-01753"}, ("pool0-01753",))
+    # a container's id in that field names no node (find_string id 69757755398)
+    other = [*lines[:3], "  host      : 4b1a9e8a140f", *lines[4:]]
+    assert context_from_lines(other).printers == ()
+
+
+def test_a_rank_placed_on_a_container_id_names_no_node():
+    # NCCL's init line inside Docker puts rank 3 on the container's id (a log in a
+    # public repository, find_string id 36910972912); the watchdog line's rank 3
+    # then names no node
+    init = ("3767c65d25c4:855:867 [3] NCCL INFO comm 0x562b860dc3d0 rank 3 nranks 4 cudaDev 3 "
+            "nvmlDev 3 busId e7000 commId 0x40531e6886adf963 - Init START")
+    verdict = attribute(SCANNER.scan_lines([init, WATCHDOG_PG_RANK]),
+                        context_from_lines([init, WATCHDOG_PG_RANK]))
+    assert verdict.where == () and verdict.nodes == () and verdict.suspects == ()
