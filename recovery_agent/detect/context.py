@@ -67,6 +67,10 @@ _NCCL_ADDR = re.compile(r"(?:^|\s)([A-Za-z0-9][\w.-]*):\d+:\d+ \[\d+\] NCCL INFO
                         r"(?:\[\d+\])?[\w.-]+:(\d{1,3}(?:\.\d{1,3}){3})<")
 _IPV4 = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
 _SUMMARY = re.compile(r"^\s*(?:\[\w+\]:\s*)?(host|rank)\s*:\s*([\w.-]+)")
+# nccl-tests' device table (src/common.cu): "#  Rank R Group G Pid P on HOST device D [bus] name"
+# (older releases print no Group): rank R runs on HOST
+_NCCL_TESTS_RANK = re.compile(r"#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+"
+                              r"([A-Za-z0-9][\w.-]*)\s+device\s+\d+")
 # the node a job's script or task runs on, as an environment dump prints it
 _NODENAME = re.compile(r"\bSLURMD_NODENAME[=:] ?['\"]?([A-Za-z0-9][\w.-]*)")
 _PRINTERS_KEPT = 64   # printers past this many say nothing about which one a line is
@@ -78,8 +82,8 @@ def parse_layout(lines: Iterable[str]) -> Layout:
     ``SLURM_TASKS_PER_NODE``, ranks in block order), ``srun -v`` launch lines
     (and its "Node X, N tasks started": a node of the job),
     NCCL's communicator init and bootstrap lines (the widest communicator
-    wins), torchrun's failure summaries (``host :`` then ``rank :``), and the
-    line prefixes (:func:`~.origin.line_origin`) that put an srun ``--label``
+    wins), nccl-tests' device table (``#  Rank R … on HOST``), torchrun's
+    failure summaries (``host :`` then ``rank :``), and the line prefixes (:func:`~.origin.line_origin`) that put an srun ``--label``
     task, a ``[rankN]:`` rank or a pdsh/Ray IP address on a line naming its
     host: a task seen on a host is on it, so are the ranks seen on that task.
     A step's node index -> host comes from its ``srun -v`` launch lines and
@@ -131,6 +135,9 @@ def parse_layout(lines: Iterable[str]) -> Layout:
             _prefix_facts(line, tasks, task_ranks, addresses, ranks)
         if "NCCL INFO" in line:
             _nccl_line(line, nccl, addresses)
+        if "#  Rank" in line and (match := _NCCL_TESTS_RANK.search(line)) \
+                and not names_no_node(match.group(2)):
+            ranks.setdefault(int(match.group(1)), match.group(2))
         match = _SUMMARY.match(line) if ":" in line else None
         if match and match.group(1) == "host":
             summary_host = match.group(2)
@@ -259,7 +266,7 @@ class LayoutLines:
     which a chatty job prints on every step."""
 
     MARKERS = ("NCCL INFO", "NodeList=", "NODELIST", "TASKS_PER_NODE", "launching ",
-               "MPICH ERROR")   # (NODELIST: SLURM_STEP_NODELIST too)
+               "MPICH ERROR", "#  Rank")   # (NODELIST: SLURM_STEP_NODELIST too; nccl-tests)
     LONGEST = 480
 
     def __init__(self, cap: int = 2048) -> None:

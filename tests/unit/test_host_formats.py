@@ -289,3 +289,14 @@ def test_a_rank_placed_on_a_container_id_names_no_node():
     verdict = attribute(SCANNER.scan_lines([init, WATCHDOG_PG_RANK]),
                         context_from_lines([init, WATCHDOG_PG_RANK]))
     assert verdict.where == () and verdict.nodes == () and verdict.suspects == ()
+
+
+def test_nccl_tests_device_table_places_each_rank():
+    # nccl-tests' "Using devices" table (https://github.com/NVIDIA/nccl/issues/1925)
+    lines = ["#  Rank  0 Group  0 Pid 2620968 on nccl-sleep-c7d759db6-2bp29 device  0 [0008:01:00] "
+             "NVIDIA GB200",
+             "#  Rank  4 Group  0 Pid 3769900 on nccl-sleep-c7d759db6-cgz82 device  0 [0008:01:00] "
+             "NVIDIA GB200"]
+    layout = context_from_lines(lines)
+    assert (layout.rank_hosts[0], layout.rank_hosts[4]) == ("nccl-sleep-c7d759db6-2bp29",
+                                                            "nccl-sleep-c7d759db6-cgz82")
