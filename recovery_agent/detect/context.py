@@ -85,7 +85,8 @@ def parse_layout(lines: Iterable[str]) -> Layout:
     wins), nccl-tests' device table (``#  Rank R … on HOST``), torchrun's
     failure summaries (``host :`` then ``rank :``), and the line prefixes
     (:func:`~.origin.line_origin`) that put an srun ``--label`` task, a
-    ``[rankN]:`` rank or a pdsh/Ray IP address on a line naming its host: a task seen on a host is on it, so are the ranks seen on that task.
+    ``[rankN]:`` rank or a pdsh/Ray IP address on a line naming its host: a
+    task seen on a host is on it, so are the ranks seen on that task.
     A step's node index -> host comes from its ``srun -v`` launch lines and
     ``SLURM_STEP_NODELIST`` (:func:`_node_index`); srun task ids from the
     launch lines and the ``--label`` prefixes. ``printers`` are the hosts the
