@@ -165,7 +165,8 @@ def test_newer_nccl_init_lines_with_a_rank_tag_map_the_rank():
 # -- a hostless node-side failure in a log every prefixed line of which one host printed --
 
 # an NCCL line of a Slurm job on qgpu2009 (https://github.com/huggingface/accelerate/issues/2246)
-# and PyTorch's report of an uncorrectable ECC error (https://github.com/tloen/alpaca-lora/issues/123),
+# and PyTorch's report of an uncorrectable ECC error
+# (https://github.com/tloen/alpaca-lora/issues/123),
 # put together here as one node's log
 ONE_HOST = "qgpu2009:9502:9525 [0] NCCL INFO Using network IB"
 OTHER_HOST = "qgpu2008:35184:35221 [1] NCCL INFO Using network IB"
@@ -251,7 +252,8 @@ def test_an_environment_dump_names_the_node_the_script_ran_on():
 
 
 def test_the_controllers_syslog_host_is_not_a_node_of_the_job():
-    # slurmctld's journal on the control node (https://github.com/stackhpc/ansible-role-openhpc/issues/95):
+    # slurmctld's journal on the control node
+    # (https://github.com/stackhpc/ansible-role-openhpc/issues/95):
     # its lines speak of other nodes, the printer is none of them
     line = ("Feb 24 09:21:38 nrel-control.novalocal slurmctld[26180]: error: Duplicated "
             "NodeHostName nrel-hpc-0 in the config file")
@@ -260,7 +262,8 @@ def test_the_controllers_syslog_host_is_not_a_node_of_the_job():
 
 
 def test_a_slurmd_log_line_names_the_node_in_its_cancel_notice():
-    # slurmd's own log, [time] [step] before the message (https://github.com/ai4d-iasc/trixie/issues/45)
+    # slurmd's own log, [time] [step] before the message
+    # (https://github.com/ai4d-iasc/trixie/issues/45)
     line = ("[2020-12-14T09:43:55.500] [63532.0] error: *** STEP 63532.0 ON cn106 CANCELLED AT "
             "2020-12-14T09:43:55 ***")
     assert line_origin(line).host == "cn106"
