@@ -11,6 +11,7 @@ Grammar::
     KEY   := max-restarts (0-1000) | hang (a duration: durations.py; a bare number is
            seconds) | ckpt (absolute path or glob)
            | notify (none, mail, http(s) URL)
+           | ckpt-signal ([B:]USR1, [B:]USR2, [B:]TERM or none) | proactive (yes, no)
 
 A spec whose first part holds "=" has no head (``max-restarts=3``). Empty parts,
 unknown or repeated keys, and characters outside each part's alphabet are refused
@@ -27,7 +28,10 @@ MAX_LENGTH = 512
 DEFAULT_ENV = "default"
 MODES = ("monitor", "action")
 MAX_HANG = 365 * 86400   # so the canonical seconds always parse again
-KEYS = ("max-restarts", "hang", "ckpt", "notify")
+KEYS = ("max-restarts", "hang", "ckpt", "notify", "ckpt-signal", "proactive")
+# The signals a job may name as its checkpoint convention; "B:" sends it to the
+# batch shell only, as Slurm's own --signal=B:SIG does (scancel --batch).
+CKPT_SIGNALS = ("USR1", "USR2", "TERM")
 SPANK_ENV = "SPANK__SLURM_SPANK_OPTION_slurm_recovery_recovery"
 JOB_ENV = "SLURM_RECOVERY"
 
@@ -35,6 +39,7 @@ _ENV = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _RESTARTS = re.compile(r"[0-9]{1,4}")
 _CKPT = re.compile(r"/[A-Za-z0-9_./@+*?{}\[\]-]{0,255}")
 _URL = re.compile(r"https?://[A-Za-z0-9._~:/?#@!*+=%-]{1,400}")
+_CKPT_SIGNAL = re.compile(r"(?:B:)?(?:USR1|USR2|TERM)|none")
 _COMMENT = re.compile(r"(?:^|[\s;])recovery=(\S*)")
 
 
@@ -47,13 +52,18 @@ class RecoverySpec:
     (the environment's mode then applies); ``hang`` is in seconds. A plain
     class, not a dataclass: importing dataclasses costs a hook ~15 ms."""
 
-    __slots__ = ("env", "mode", "max_restarts", "hang", "ckpt", "notify")
+    __slots__ = ("env", "mode", "max_restarts", "hang", "ckpt", "notify", "ckpt_signal",
+                 "proactive")
 
     def __init__(self, env: str = DEFAULT_ENV, mode: str | None = None,
                  max_restarts: int | None = None, hang: int | None = None,
-                 ckpt: str | None = None, notify: str | None = None) -> None:
+                 ckpt: str | None = None, notify: str | None = None,
+                 ckpt_signal: str | None = None, proactive: bool | None = None) -> None:
         self.env, self.mode, self.max_restarts = env, mode, max_restarts
         self.hang, self.ckpt, self.notify = hang, ckpt, notify
+        # ckpt_signal: None (not given: the job's own --signal applies), "none",
+        # or "USR1"/"B:USR1"...; proactive: None (not given), True or False
+        self.ckpt_signal, self.proactive = ckpt_signal, proactive
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RecoverySpec) and self.as_dict() == other.as_dict()
@@ -76,11 +86,16 @@ class RecoverySpec:
             parts.append(f"ckpt={self.ckpt}")
         if self.notify is not None:
             parts.append(f"notify={self.notify}")
+        if self.ckpt_signal is not None:
+            parts.append(f"ckpt-signal={self.ckpt_signal}")
+        if self.proactive is not None:
+            parts.append(f"proactive={'yes' if self.proactive else 'no'}")
         return ",".join(parts)
 
     def as_dict(self) -> dict:
         return {"env": self.env, "mode": self.mode, "max_restarts": self.max_restarts,
-                "hang": self.hang, "ckpt": self.ckpt, "notify": self.notify}
+                "hang": self.hang, "ckpt": self.ckpt, "notify": self.notify,
+                "ckpt_signal": self.ckpt_signal, "proactive": self.proactive}
 
 
 def _show(text: str) -> str:
@@ -117,7 +132,8 @@ def parse(text: str | None, default_env: str = DEFAULT_ENV,
         values[key] = _parse_value(key, value)
     return RecoverySpec(env=env, mode=mode, max_restarts=values.get("max-restarts"),
                         hang=values.get("hang"), ckpt=values.get("ckpt"),
-                        notify=values.get("notify"))
+                        notify=values.get("notify"), ckpt_signal=values.get("ckpt-signal"),
+                        proactive=values.get("proactive"))
 
 
 def _parse_head(head: str, default_env: str, default_mode: str | None) -> tuple[str, str | None]:
@@ -152,6 +168,15 @@ def _parse_value(key: str, value: str) -> object:
             raise SpecError(f"invalid ckpt {_show(value)} (path has a character outside "
                             f"letters, digits and _ . / @ + * ? {{ }} [ ] -)")
         return value
+    if key == "ckpt-signal":
+        if not _CKPT_SIGNAL.fullmatch(value):
+            raise SpecError(f"invalid ckpt-signal {_show(value)} (USR1, USR2, TERM, each "
+                            f"optionally B: for the batch shell only, or none)")
+        return value
+    if key == "proactive":
+        if value not in ("yes", "no"):
+            raise SpecError(f"invalid proactive {_show(value)} (yes or no)")
+        return value == "yes"
     if value in ("none", "mail") or _URL.fullmatch(value):
         return value
     raise SpecError(f"invalid notify {_show(value)} (none, mail, or an http(s) URL)")

@@ -45,7 +45,10 @@ SPANK_PLUGIN(slurm_recovery, 1);
 #define MAX_URL 400
 #define SHOW_MAX 40
 
-static const char *const KEYS[] = { "max-restarts", "hang", "ckpt", "notify" };
+static const char *const KEYS[] = { "max-restarts", "hang", "ckpt", "notify", "ckpt-signal",
+				    "proactive" };
+/* ckpt-signal's values; "B:" before a signal sends it to the batch shell only */
+static const char *const CKPT_SIGNALS[] = { "USR1", "USR2", "TERM" };
 #define NKEYS (sizeof(KEYS) / sizeof(KEYS[0]))
 
 /* What the plugstack line says. */
@@ -63,6 +66,8 @@ struct spec {
 	long long hang;
 	char ckpt[MAX_SPEC + 1];
 	char notify[MAX_SPEC + 1];
+	char ckpt_signal[8];	/* "" not given, "none", "USR1", "B:USR1", ... */
+	int proactive;		/* -1 not given, 0 no, 1 yes */
 };
 
 static char err_msg[256];	/* why the last parse failed */
@@ -285,6 +290,28 @@ static int parse_notify(const char *v, struct spec *sp)
 	return 0;
 }
 
+static int parse_ckpt_signal(const char *v, struct spec *sp)
+{
+	const char *sig = !strncmp(v, "B:", 2) ? v + 2 : v;
+	int ok = !strcmp(v, "none");
+
+	for (size_t i = 0; !ok && i < sizeof(CKPT_SIGNALS) / sizeof(CKPT_SIGNALS[0]); i++)
+		ok = !strcmp(sig, CKPT_SIGNALS[i]);
+	if (!ok)
+		return refuse("invalid ckpt-signal %s (USR1, USR2, TERM, each optionally B: "
+			      "for the batch shell only, or none)", show(v, strlen(v)));
+	snprintf(sp->ckpt_signal, sizeof(sp->ckpt_signal), "%s", v);
+	return 0;
+}
+
+static int parse_proactive(const char *v, struct spec *sp)
+{
+	if (strcmp(v, "yes") && strcmp(v, "no"))
+		return refuse("invalid proactive %s (yes or no)", show(v, strlen(v)));
+	sp->proactive = !strcmp(v, "yes");
+	return 0;
+}
+
 static int parse_value(size_t key, const char *v, struct spec *sp)
 {
 	if (!*v)
@@ -301,8 +328,12 @@ static int parse_value(size_t key, const char *v, struct spec *sp)
 		return parse_hang(v, sp);
 	case 2:
 		return parse_ckpt(v, sp);
-	default:
+	case 3:
 		return parse_notify(v, sp);
+	case 4:
+		return parse_ckpt_signal(v, sp);
+	default:
+		return parse_proactive(v, sp);
 	}
 }
 
@@ -318,7 +349,8 @@ static int parse_pair(char *part, int seen[NKEYS], struct spec *sp)
 	for (key = 0; key < NKEYS && strcmp(part, KEYS[key]); key++)
 		;
 	if (key == NKEYS)
-		return refuse("unknown key %s (known: max-restarts, hang, ckpt, notify)",
+		return refuse("unknown key %s (known: max-restarts, hang, ckpt, notify, "
+			      "ckpt-signal, proactive)",
 			      show(part, strlen(part)));
 	if (seen[key]++)
 		return refuse("key '%s' given twice", KEYS[key]);
@@ -334,6 +366,7 @@ static int parse_spec(const char *text, struct spec *sp)
 
 	memset(sp, 0, sizeof(*sp));
 	sp->restarts = sp->hang = -1;
+	sp->proactive = -1;
 	sp->mode = cfg.default_mode;
 	snprintf(sp->env, sizeof(sp->env), "%s", cfg.default_env);
 	if (!text || !strcmp(text, "(null)") || !*text)
@@ -385,7 +418,7 @@ static int check_allowed(const char *env)
 	return refuse("environment '%s' is not allowed (allowed: %s)", env, shown);
 }
 
-/* env[:mode][,max-restarts=N][,hang=Ns][,ckpt=..][,notify=..] */
+/* env[:mode][,max-restarts=N][,hang=Ns][,ckpt=..][,notify=..][,ckpt-signal=..][,proactive=..] */
 static void format_spec(const struct spec *sp, char *out, size_t size)
 {
 	size_t o = (size_t)snprintf(out, size, "%s%s%s", sp->env,
@@ -398,7 +431,11 @@ static void format_spec(const struct spec *sp, char *out, size_t size)
 	if (*sp->ckpt)
 		o += (size_t)snprintf(out + o, size - o, ",ckpt=%s", sp->ckpt);
 	if (*sp->notify)
-		snprintf(out + o, size - o, ",notify=%s", sp->notify);
+		o += (size_t)snprintf(out + o, size - o, ",notify=%s", sp->notify);
+	if (*sp->ckpt_signal)
+		o += (size_t)snprintf(out + o, size - o, ",ckpt-signal=%s", sp->ckpt_signal);
+	if (sp->proactive >= 0)
+		snprintf(out + o, size - o, ",proactive=%s", sp->proactive ? "yes" : "no");
 }
 
 /*
@@ -424,7 +461,8 @@ static int recovery_option(int val, const char *optarg, int remote)
 static struct spank_option recovery_opt = {
 	"recovery", "SPEC",
 	"Recover this job automatically: [ENV][:monitor|:action][,max-restarts=N]"
-	"[,hang=DURATION][,ckpt=PATH][,notify=none|mail|URL]",
+	"[,hang=DURATION][,ckpt=PATH][,notify=none|mail|URL]"
+	"[,ckpt-signal=[B:]USR1|USR2|TERM|none][,proactive=yes|no]",
 	2, 0, recovery_option
 };
 

@@ -21,6 +21,8 @@ The parts, by role (one :class:`Actuator` made of them):
 
 - this module: the pass over open recommendations, and the loop that runs passes;
 - :mod:`.jobs`: the job recovery steps (stop; requeue-hold, exclude, start, release);
+- :mod:`.migrate`: the move off a degraded node (checkpoint signal, the wait for
+  the checkpoint, then the job recovery steps);
 - :mod:`.drains`: node drains and resumes, which drains are ours, and the
   automatic resume of clean nodes;
 - :mod:`.watchdog`: whether a job is held by us, letting it go, and the
@@ -42,6 +44,7 @@ from ..store import OPEN_STATUSES, Recommendation, Store
 from ..store.journal import STORE_ERRORS, SideJournal
 from .drains import Drains
 from .jobs import JobRecovery
+from .migrate import Migrations
 from .steps import Fenced, StepFailed, Steps
 from .watchdog import Watchdog
 
@@ -49,7 +52,7 @@ log = logging.getLogger(__name__)
 RESUME_CHECK_INTERVAL = 30.0
 
 
-class Actuator(JobRecovery, Drains, Watchdog, Steps):
+class Actuator(JobRecovery, Migrations, Drains, Watchdog, Steps):
     """The pass over open recommendations and the loop that runs passes are
     here; the other parts, by role, are the bases:
     :class:`~recovery_agent.act.jobs.JobRecovery` (the job recovery steps),

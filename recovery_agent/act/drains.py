@@ -21,7 +21,8 @@ REASON_WIDTH = 20   # sinfo -R's REASON column (%20E): a longer reason is cut th
 _LABELS = {"gpu_hardware": "gpu", "interconnect": "net", "nccl_timeout_hang": "hang",
            "cuda_error": "cuda", "oom": "oom", "system_software": "sys",
            "application": "app", "segfault": "segv", "lemon": "lemon",
-           "straggler": "slow", "hang_suspect": "hang", "": "fault"}
+           "straggler": "slow", "hang_suspect": "hang", "degraded": "degraded",
+           "": "fault"}
 
 
 def drain_xid(rec: Recommendation, node: str | None = None) -> int | None:

@@ -66,6 +66,8 @@ class JobRecovery:
                 self._stop(rec, job)
             elif rec.action in ("requeue", "requeue_exclude", "kill_requeue"):
                 self._requeue(rec, job, now)
+            elif rec.action == "migrate":
+                self._migrate(rec, job, now)   # .migrate: checkpoint first, then _requeue
             else:
                 self._finish(rec, Status.FAILED, f"unknown job action {rec.action!r}")
         except JobNotFound:

@@ -15,10 +15,10 @@ from typing import Any, Mapping
 from slurm_hooks import overrides
 
 from ..errors import ConfigError
-from .schema import (BACKENDS, MODES, REST_AUTHS, REST_FALLBACKS, REST_VERSIONS, SECTIONS,
-                     STRAGGLER_ACTIONS, AgentConfig, ApiConfig, AttributionConfig, Config,
-                     EnvironmentConfig, HooksConfig, PolicyConfig, ProactiveConfig,
-                     SchedulerConfig, SourcesConfig)
+from .schema import (BACKENDS, MODES, PROACTIVE_MODES, REST_AUTHS, REST_FALLBACKS,
+                     REST_VERSIONS, SECTIONS, STRAGGLER_ACTIONS, AgentConfig, ApiConfig,
+                     AttributionConfig, Config, EnvironmentConfig, HooksConfig, PolicyConfig,
+                     ProactiveConfig, SchedulerConfig, SourcesConfig)
 
 DEFAULT_PATH = Path("/etc/slurm-recovery/recovery.toml")
 ENV_PATH = "RECOVERY_CONFIG"
@@ -278,6 +278,9 @@ def _validate_environments(environments: Mapping[str, EnvironmentConfig]) -> Non
         if env.straggler_action not in STRAGGLER_ACTIONS:
             raise ConfigError(f"environments.{name}.straggler_action: must be none or "
                               f"kill_requeue, got {env.straggler_action!r}")
+        if env.proactive not in PROACTIVE_MODES:
+            raise ConfigError(f"environments.{name}.proactive: must be one of "
+                              f"{', '.join(PROACTIVE_MODES)}, got {env.proactive!r}")
         for key in ("unknown_max_restarts", "no_progress_attempts", "interconnect_strikes"):
             if not 0 <= getattr(env, key) <= 1000:
                 raise ConfigError(f"environments.{name}.{key}: must be 0-1000")
@@ -316,6 +319,10 @@ def _validate_proactive(pro: ProactiveConfig) -> None:
         raise ConfigError("proactive.slowdown_reasons: must not be negative")
     if not 0 < pro.degraded_score <= 1:
         raise ConfigError("proactive.degraded_score: must be above 0, at most 1")
+    if pro.migrate_cooldown < 0:
+        raise ConfigError("proactive.migrate_cooldown: must not be negative")
+    if not 0 < pro.checkpoint_wait <= 86400:
+        raise ConfigError("proactive.checkpoint_wait: must be above 0, at most 1d")
 
 
 _LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

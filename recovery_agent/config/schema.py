@@ -19,6 +19,7 @@ REST_FALLBACKS = ("cli", "none")
 # (v0.0.42-v0.0.45), 25.x (v0.0.43/44), 24.11 (v0.0.40-v0.0.42), 22.05 (v0.0.38).
 REST_VERSIONS = ("v0.0.45", "v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.38")
 STRAGGLER_ACTIONS = ("none", "kill_requeue")
+PROACTIVE_MODES = ("action", "monitor", "off")
 
 # Lines that show a training loop advancing: "step 120", "iteration 40/1000",
 # "global_step=7", "'epoch': 1.5", "Epoch 3:", tqdm's "2.1it/s" or "0.48s/it", and
@@ -189,6 +190,11 @@ class EnvironmentConfig:
                                      "policy.strike_window (0 never drains). Failures "
                                      "only the jobs' own output speaks for count once "
                                      "per user.", default=2)
+    proactive: str = _doc("Moving jobs off a degrading node before it fails "
+                          "(docs/proactive.md): action (as the environment's mode allows), "
+                          "monitor (record would_have only, whatever the mode) or off (never; "
+                          "each refusal is still recorded). A job's proactive=no opts it "
+                          "out.", default="monitor")
 
 
 @dataclass(frozen=True)
@@ -396,8 +402,8 @@ DEFAULT_SLOWDOWN_REASONS = 0x08 | 0x20 | 0x40 | 0x80
 
 @dataclass(frozen=True)
 class ProactiveConfig:
-    """Precursor signals and the degradation score (docs/proactive.md). Only the
-    score is built: nothing acts on it yet."""
+    """Precursor signals, the degradation score and the move of jobs off a
+    degraded node (docs/proactive.md says what is built)."""
 
     window: float = _doc("How far back a GPU's readings count for its degradation score: "
                          "rates and slowdowns are trends over this window, never one "
@@ -432,6 +438,12 @@ class ProactiveConfig:
                                     "show a slowdown reason (0-1).", default=0.5)
     degraded_score: float = _doc("A GPU whose score reaches this is 'degraded'; above 0 "
                                  "and below it, 'watch' (scores run 0-1).", default=1.0)
+    migrate_cooldown: float = _doc("A job moved off a degraded node is not moved again "
+                                   "within this long.", duration=True, default=6 * 3600.0)
+    checkpoint_wait: float = _doc("How long a move waits for the job's new checkpoint after "
+                                  "the checkpoint signal; none by then: the job is left "
+                                  "alone and the node drained for new work only.",
+                                  duration=True, default=600.0)
 
 
 SECTIONS: dict[str, type] = {"agent": AgentConfig, "scheduler": SchedulerConfig,

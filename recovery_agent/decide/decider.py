@@ -108,7 +108,10 @@ class Decider:
                 excluded += [n for n in r.exclude if n not in excluded]
         if job is not None:
             excluded += [n for n in job.excluded_nodes if n not in excluded]
-        return History(restarts=attempt, unknown_requeues=unknown,
+        # a move off a degraded node (decide/moves.py) is a restart that no failure
+        # caused: it does not spend the job's max-restarts
+        moves = sum(1 for r in earlier if r.action == "migrate" and r.status == Status.DONE)
+        return History(restarts=max(0, attempt - moves), unknown_requeues=unknown,
                        attempts_without_ckpt=without, tracks_checkpoints=tracks,
                        excluded=tuple(excluded), nodes_needed=max(1, len(nodes)),
                        nodes=tuple(nodes), previous=_previous(attempts, earlier))
@@ -372,6 +375,8 @@ def _previous(attempts: list[dict], recs: list[Recommendation]) -> tuple[PriorAt
     nodes = {a["attempt"]: tuple(a["nodes"] or ()) for a in attempts}
     out = []
     for rec in sorted(recs, key=lambda r: (r.attempt, r.run_start or 0)):
+        if rec.action == "migrate":
+            continue   # moved off a degraded node: that attempt did not fail
         seen = rec.attribution or {}
         ran_on = tuple(seen.get("ran_on") or ()) or nodes.get(rec.attempt)
         if not seen or ran_on is None:

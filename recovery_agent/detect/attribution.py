@@ -220,13 +220,17 @@ def _unexplained(winner: Detection, chosen: list[tuple[int, Detection]], action:
     and exit reports (task exits, aborts, launcher summaries) alone. These are
     what any failure leaves behind: no blame, no stop, no exclusion. The
     category is the symptom's layer (a store or rendezvous timeout is a
-    collective setup timeout, not a node's fabric); an exit code has none.
+    collective setup timeout, not a node's fabric); an exit code, or any
+    line filed under the application, has none: only a cause can say the
+    program is at fault.
     Policy requeues it within ``unknown_max_restarts``."""
     rests_on = tuple(sorted(i for i, _ in chosen))[:20]
     texts = [_text(d) for _, d in chosen]
     store = any(_STORE.search(t) for t in texts)
-    # an exit code says nothing about the layer; a signal (SIGKILL, SIGSEGV) does
-    category = None if tier == 3 and winner.category == "application" else winner.category
+    # an exit code or a symptom does not say the program is at fault (no stop,
+    # no application blame from them); a signal (SIGKILL, SIGSEGV) or a
+    # timeout's layer does
+    category = None if winner.category == "application" else winner.category
     if category in ("interconnect", "system_software", None) and any(
             _STORE_SIDE.search(t) for t in texts):
         category = "nccl_timeout_hang"

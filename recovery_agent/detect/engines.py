@@ -145,7 +145,18 @@ class ReEngine:
         self.literals = sorted(table.items())
         self._shapes: dict[bytes, set[int]] = {}
 
-    def candidates(self, data: bytes) -> Candidates:
+    def candidates(self, data: bytes, start: int = 0, end: int | None = None,
+                   limit: int | None = None) -> Candidates:
+        """The candidate lines of ``data[start:end]`` (offsets into ``data``).
+        A line longer than ``limit`` needs no care here: a literal of its cut
+        head is in the whole line too, and Python confirms on the head."""
+        end = len(data) if end is None else end
+        if (start, end) == (0, len(data)):
+            return self._candidates(data)
+        found, count = self._candidates(data[start:end])
+        return [(i, start + at, rules) for i, at, rules in found], count
+
+    def _candidates(self, data: bytes) -> Candidates:
         normal = data.translate(_NORMALIZE)
         if b"\n" not in normal:      # one line (a tailer feeding): shapes repeat, so remember
             rules = self._shapes.get(normal)
@@ -221,9 +232,11 @@ def _whole_lines_all(text: bytes) -> Iterator[int]:
         pos = pos + 1 if pos >= 0 else -1
 
 
-def _numbered(text: bytes, by_start: dict[int, set[int]]) -> list[tuple[int, int, set[int]]]:
-    """(line index, offset, rules) in line order; indexes by counting newlines."""
-    out, index, previous = [], 0, 0
+def _numbered(text: bytes, by_start: dict[int, set[int]],
+              first: int = 0) -> list[tuple[int, int, set[int]]]:
+    """(line index, offset, rules) in line order; indexes by counting newlines
+    from offset ``first`` (the block's start in ``text``)."""
+    out, index, previous = [], 0, first
     for start in sorted(by_start):
         index += text.count(b"\n", previous, start)
         previous = start
@@ -250,19 +263,58 @@ class HyperscanEngine:
         except hyperscan.error:
             raise ConfigError(_which_rule_fails(hyperscan, rules)) from None
 
-    def candidates(self, data: bytes) -> Candidates:
+    def candidates(self, data: bytes, start: int = 0, end: int | None = None,
+                   limit: int | None = None) -> Candidates:
+        """The candidate lines of ``data[start:end]`` (offsets into ``data``),
+        scanned in place: no copy of the block. A line longer than ``limit``
+        bytes is matched on its first ``limit`` bytes only, as Python then
+        confirms it (a rule anchored at the line's end may match the cut head
+        and not the whole line): its hits from the whole block are dropped and
+        its head is scanned on its own."""
+        end = len(data) if end is None else end
         hits: list[tuple[int, int]] = []
+        traceback_id = self.traceback_id
 
-        def on_match(rule: int, start: int, end: int, flags: int, context) -> None:
-            hits.append((max(end - 1, 0), TRACEBACK if rule == self.traceback_id else rule))
+        def on_match(rule: int, first: int, last: int, flags: int, offset: int) -> None:
+            hits.append((offset + max(last - 1, 0), TRACEBACK if rule == traceback_id else rule))
 
-        self.database.scan(data, match_event_handler=on_match)
+        view = memoryview(data)
+        self.database.scan(view[start:end], match_event_handler=on_match, context=start)
+        long = _long_lines(data, limit, start, end) if limit else []
+        if long:
+            heads = [line_start for line_start, _ in long]
+            kept = []
+            for pos, rule in hits:
+                i = bisect_right(heads, pos) - 1
+                if i < 0 or pos >= long[i][1]:
+                    kept.append((pos, rule))
+            hits = kept
+            for line_start, _ in long:
+                self.database.scan(view[line_start:line_start + limit],
+                                   match_event_handler=on_match, context=line_start)
         by_start: dict[int, set[int]] = {}
         for pos, rule in sorted(hits):
-            by_start.setdefault(data.rfind(b"\n", 0, pos) + 1, set()).add(rule)
-        found = _numbered(data, by_start)
-        last = found[-1][1] if found else 0
-        return found, (found[-1][0] if found else 0) + data.count(b"\n", last) + 1
+            by_start.setdefault(max(data.rfind(b"\n", start, pos) + 1, start), set()).add(rule)
+        found = _numbered(data, by_start, start)
+        last = found[-1][1] if found else start
+        return found, (found[-1][0] if found else 0) + data.count(b"\n", last, end) + 1
+
+
+def _long_lines(data: bytes, limit: int, first: int, last: int) -> list[tuple[int, int]]:
+    """(start, end) of each line of ``data[first:last]`` longer than ``limit``
+    bytes, in order. A line that long covers a whole aligned window of
+    limit/2 bytes holding no newline, so only those windows are looked at."""
+    step, out, skip_to = max(limit // 2, 1), [], first
+    for pos in range(first, last, step):
+        if pos < skip_to or data.find(b"\n", pos, min(pos + step, last)) >= 0:
+            continue
+        start = max(data.rfind(b"\n", first, pos) + 1, first)
+        end = data.find(b"\n", pos, last)
+        end = last if end < 0 else end
+        if end - start > limit:
+            out.append((start, end))
+        skip_to = end
+    return out
 
 
 _BOUNDED = re.compile(r"(?<!\\)\{(\d+),(\d+)\}")

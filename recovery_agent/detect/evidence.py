@@ -10,7 +10,7 @@ from typing import Sequence
 from .context import AttributionContext, _expand
 from .model import Detection, Evidence
 from .origin import line_origin, names_no_node
-from .patterns import xid_action
+from .patterns import xid_action, xid_category
 
 __all__ = ["all_detections"]
 
@@ -177,10 +177,12 @@ def _node_event(d: Detection) -> Detection:
     if d.xid is None:
         return d
     action = d.action_hint
+    text = d.detail or (d.evidence[0].text if d.evidence else "")
+    kind = "sxid" if "SXid" in text else "xid"
     if action == "none":
-        text = d.detail or (d.evidence[0].text if d.evidence else "")
-        action = xid_action(d.xid, text, "sxid" if "SXid" in text else "xid")
-    return replace(d, action_hint=action, role="root", category="gpu_hardware")
+        action = xid_action(d.xid, text, kind)
+    return replace(d, action_hint=action, role="root",
+                   category=xid_category(d.xid, action, kind))
 
 
 def _slurm_detection(rule: str, node: str, text: str) -> Detection:

@@ -54,7 +54,7 @@ from slurm_hooks import kmsg
 from ..errors import ConfigError
 from .model import ACTIONS, CATEGORIES, ROLES, SEVERITIES
 
-__all__ = ["GROUPS", "Rule", "load_rules", "load_pack", "shipped_dir", "xid_action"]
+__all__ = ["GROUPS", "Rule", "load_rules", "load_pack", "shipped_dir", "xid_action", "xid_category"]
 
 GROUPS = frozenset({"host", "rank", "pci", "xid", "gpu"})
 SCOPES = ("line", "traceback")
@@ -401,3 +401,14 @@ def xid_action(xid: int, message: str = "", kind: str = "xid") -> str:
     if xid in kmsg.FATAL_XIDS:
         return "none"
     return XID_ACTIONS.get(xid, "requeue")
+
+
+def xid_category(xid: int, action: str, kind: str = "xid", default: str = "gpu_hardware") -> str:
+    """The failing layer an XID event names: ``application`` for the codes whose
+    catalog cause is the program (:data:`APPLICATION_XIDS`: the GPU trapped the
+    program's own bad access or instruction, Xid 13, 31, 43 ...) when the event
+    is read as the program's (``action`` ``stop``), else ``default`` (the GPU).
+    An SXid is the NVSwitch's, never the program's."""
+    if kind == "xid" and action == "stop" and xid in APPLICATION_XIDS:
+        return "application"
+    return default

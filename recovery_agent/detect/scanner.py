@@ -43,7 +43,7 @@ from slurm_hooks import kmsg
 from .engines import TRACEBACK, make_engine
 from .model import Detection, Evidence
 from .origin import line_origin, names_no_node
-from .patterns import Rule, xid_action
+from .patterns import Rule, xid_action, xid_category
 from .tracebacks import TB_MAX_LINES, TB_MAX_OTHER, _Summary, _Traceback, _traceback_kind
 
 __all__ = ["MAX_LINE", "Scanner", "ScanStream"]
@@ -51,7 +51,6 @@ __all__ = ["MAX_LINE", "Scanner", "ScanStream"]
 MAX_LINE = 64 * 1024
 EVIDENCE_MAX = 2048
 BLOCK_LINES = 1 << 16    # scan_lines joins this many lines per block
-CHUNK_BYTES = 64 << 20   # feed_bytes cuts blocks at a line end after this many bytes
 
 _PCI = re.compile(r"\b(?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?\b")
 _GPU_UUID = re.compile(r"\bGPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")
@@ -137,11 +136,16 @@ class Scanner:
         if rule.lookback and not (pci or gpu):
             pci, gpu = _look_back(list(recent)[-rule.lookback:])
         xid = _int(groups.get("xid"))
-        action, severity = rule.action, rule.severity
+        action, severity, category = rule.action, rule.severity, rule.category
         if rule.action_by_xid and xid is not None:
             event = kmsg.parse_xid(line)
             kind, message = (event["kind"], event["message"]) if event else ("xid", line)
             action = xid_action(xid, message, kind)
+            # the driver's own Xid line names the program's faults; a daemon's
+            # re-print keeps its rule's reading (the device plugin reports only
+            # the XIDs it judges critical, and withdraws the GPU for them)
+            if event is not None:
+                category = xid_category(xid, action, kind, rule.category)
             severity = _SEVERITY_BY_ACTION[action]
             pci = pci or (event or {}).get("pci")
         host, rank = groups.get("host") or None, _int(groups.get("rank"))
@@ -153,7 +157,7 @@ class Scanner:
                 host = origin.host
             rank = origin.rank if rank is None else rank
         evidence = (Evidence(line[:EVIDENCE_MAX], source, lineno),) + more
-        return Detection(rule=rule.id, category=rule.category, severity=severity,
+        return Detection(rule=rule.id, category=category, severity=severity,
                          action_hint=action, evidence=evidence, host=host,
                          rank=rank, pci=pci, gpu=gpu, xid=xid,
                          detail=detail or rule.description, role=rule.role,
@@ -195,66 +199,69 @@ class ScanStream:
         self._tail = data[cut + 1:]
         if len(self._tail) > limit:
             self._tail, self._skip = self._tail[:limit], True
-        out: list[Detection] = []
-        start = 0
-        while start < cut:      # blocks of about CHUNK_BYTES, cut at line ends
-            end = data.find(b"\n", min(start + CHUNK_BYTES, cut))
-            end = cut if end < 0 or end > cut else end
-            out.extend(self.scan_block(_cut_long_lines(data, limit, start, end), prepared=True))
-            start = end + 1
-        if cut == 0:
-            out.extend(self.scan_block(b""))
-        return out
+        if cut <= 0:
+            return self.scan_block(b"") if cut == 0 else []
+        return self.scan_block(data, cut)
 
     def flush(self) -> list[Detection]:
-        """End of input: the held partial line, then a pending summary; an
-        unfinished traceback is dropped."""
+        """End of input: the held partial line, then a pending summary; a
+        traceback still open (no exception line before the end) is read by
+        the rules its header line matches (python.traceback_unfinished)."""
         out = self.scan_block(self._tail) if self._tail else []
         self._tail, self._skip = b"", False
         if self._summary:
             out.extend(self._stamped(self._summary.finish(self)))
+        if self._tb is not None:
+            out.extend(self._stamped(self._unfinished(self._tb.header)))
         self._summary = self._tb = None
         return out
+
+    def _unfinished(self, header: Evidence) -> list[Detection]:
+        hits = self.scanner.hits(header.text, range(len(self.scanner.line_rules)))
+        return [self.scanner.detection(rule, match, header.text, header.line, self.source)
+                for rule, match in hits]
 
     def _stamped(self, found: list[Detection]) -> list[Detection]:
         if not self.origin or not found:
             return found
         return [replace(d, origin=self.origin) for d in found]
 
-    def scan_block(self, data: bytes, prepared: bool = False) -> list[Detection]:
-        """Scan complete lines joined by LF, numbered from ``lineno + 1``
-        (``prepared``: long lines are already cut)."""
+    def scan_block(self, data: bytes, end: int | None = None) -> list[Detection]:
+        """Scan complete lines joined by LF, ``data[:end]`` (all of it by
+        default, no copy made), numbered from ``lineno + 1``. Lines longer
+        than ``max_line`` are matched on their first ``max_line`` bytes: the
+        engines and the regexes see the same heads."""
         limit, out = self.scanner.max_line, []
-        if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n")
-        if not prepared:
-            data = _cut_long_lines(data, limit)  # engines and regexes see the same lines
-        wanted, count = self.scanner.engine.candidates(data)
+        end = len(data) if end is None else end
+        if data.find(b"\r", 0, end) >= 0:
+            data = data[:end].replace(b"\r\n", b"\n")
+            end = len(data)
+        wanted, count = self.scanner.engine.candidates(data, 0, end, limit)
         rules = {index: found for index, _, found in wanted}
         base, k, index, pos = self.lineno, 0, 0, 0
-        while pos <= len(data):
+        while pos <= end:
             if self._tb is None and self._summary is None:
                 if k == len(wanted):
                     break
                 index, pos, _ = wanted[k]
             while k < len(wanted) and wanted[k][0] <= index:
                 k += 1
-            end = data.find(b"\n", pos)
-            end = len(data) if end < 0 else end
+            stop = data.find(b"\n", pos, end)
+            stop = end if stop < 0 else stop
             recent = _Recent(data, pos, self.recent, self.scanner.lookback, limit)
-            out.extend(self._step(_decode(data[pos:end], limit), base + index + 1,
-                                  rules.get(index), recent))
-            index, pos = index + 1, end + 1
+            out.extend(self._step(_decode(data[pos:min(stop, pos + limit)], limit),
+                                  base + index + 1, rules.get(index), recent))
+            index, pos = index + 1, stop + 1
         self.lineno = base + count
-        self._remember_tail(data)
+        self._remember_tail(data, end)
         return self._stamped(out)
 
-    def _remember_tail(self, data: bytes) -> None:
+    def _remember_tail(self, data: bytes, end: int) -> None:
         """Keep the block's last lines decoded, for lookback into the next block."""
-        end, lines = len(data), []
+        lines, limit = [], self.scanner.max_line
         while len(lines) < self.scanner.lookback and end >= 0:
             start = data.rfind(b"\n", 0, end) + 1
-            lines.insert(0, _decode(data[start:end], self.scanner.max_line))
+            lines.insert(0, _decode(data[start:min(end, start + limit)], limit))
             end = start - 1
         self.recent.extend(lines)
 
@@ -315,32 +322,11 @@ class _Recent:
         end = self.pos - 1
         while end >= 0 and len(lines) < self.count:
             start = self.data.rfind(b"\n", 0, end) + 1
-            lines.insert(0, _decode(self.data[start:end], self.limit))
+            lines.insert(0, _decode(self.data[start:min(end, start + self.limit)], self.limit))
             end = start - 1
         missing = self.count - len(lines)
         head = list(self.before)[-missing:] if missing and end < 0 else []
         return iter(head + lines)
-
-
-def _cut_long_lines(data: bytes, limit: int, first: int = 0, last: int | None = None) -> bytes:
-    """``data[first:last]`` with every line cut to ``limit`` bytes. A line that
-    long covers a whole aligned window of limit/2 bytes holding no newline, so
-    only those windows are looked at closely."""
-    last = len(data) if last is None else last
-    step, pieces, done, skip_to = max(limit // 2, 1), [], first, first
-    for pos in range(first, last, step):
-        if pos < skip_to or data.find(b"\n", pos, min(pos + step, last)) >= 0:
-            continue
-        start = max(data.rfind(b"\n", first, pos) + 1, first)
-        end = data.find(b"\n", pos, last)
-        end = last if end < 0 else end
-        if end - start > limit:
-            pieces.append(data[done:start + limit])
-            done = end
-        skip_to = end
-    if not pieces:
-        return data if (first, last) == (0, len(data)) else data[first:last]
-    return b"".join(pieces + [data[done:last]])
 
 
 def _blocks(lines: Iterable[str], size: int) -> Iterator[list[str]]:

@@ -36,6 +36,7 @@ class JobCache:
         self._refreshed = 0.0  # when this cache last listed itself (the throttle)
         self._lock = threading.Lock()
         self._running: threading.Thread | None = None
+        self._wanted = False  # a refresh asked for and not started yet
 
     def peek(self, job_id: str) -> Job | None:
         """The job as last listed, without any I/O."""
@@ -78,20 +79,45 @@ class JobCache:
         return index
 
     def refresh_soon(self) -> None:
-        """Start a background refresh unless one is running or one just ran."""
+        """Ask for a background refresh. At most one runs at a time and at
+        most one starts per ``min_interval``; a miss that comes while one
+        runs, or inside the interval, is not dropped: one more refresh follows
+        when the interval is over (the running listing may predate the job
+        that missed, and nothing else would tell the listeners)."""
         with self._lock:
+            self._wanted = True
             if self._running is not None and self._running.is_alive():
                 return
-            # the throttle counts this cache's own refreshes only: an offered
-            # listing does not run the listeners, a miss must still bring them
-            if time.monotonic() - self._refreshed < self.min_interval:
-                return
-            self._running = threading.Thread(target=self.refresh, name="job-cache",
+            self._running = threading.Thread(target=self._serve, name="job-cache",
                                              daemon=True)
             self._running.start()
 
+    @property
+    def pending(self) -> bool:
+        """A refresh was asked for and has not started yet."""
+        with self._lock:
+            return self._wanted
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                if not self._wanted:
+                    self._running = None
+                    return
+                # the throttle counts this cache's own refreshes only: an
+                # offered listing does not run the listeners, a miss must
+                # still bring them
+                delay = self.min_interval - (time.monotonic() - self._refreshed)
+                if delay <= 0:
+                    self._wanted = False
+            if delay > 0:
+                time.sleep(delay)
+                continue
+            self.refresh()
+
     def wait(self, timeout: float = 10.0) -> None:
-        """For tests: until the background refresh (if any) is done."""
+        """For tests: until the background refreshes (if any) are done, or
+        ``timeout`` seconds."""
         thread = self._running
         if thread is not None:
             thread.join(timeout)

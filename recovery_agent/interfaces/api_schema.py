@@ -354,6 +354,24 @@ class Strike(_Row):
     witnessed: int | None = None
 
 
+class GpuDegradation(_Row):
+    gpu: str = Field(description="The GPU's key (its UUID, else its index).")
+    level: str = Field(description="ok, watch or degraded.")
+    score: float
+    rules: list[str] = Field(description="The rules that fired in its newest record.")
+    time: float | None = Field(description="When that record's reading was made.")
+
+
+class Degradation(_Row):
+    """The GPU wear score (docs/proactive.md), from each GPU's newest record."""
+
+    level: str = Field(description="The worst GPU's: ok, watch or degraded.")
+    score: float
+    since: float | None = Field(description="When the worst GPU's record was made; null "
+                                            "when ok.")
+    gpus: list[GpuDegradation]
+
+
 class Node(_Row):
     """A node, the same in every answer (show node, show nodes, the API)."""
 
@@ -377,6 +395,7 @@ class Node(_Row):
                                            "recovery (xid 79)\", \"suspect (score "
                                            "0.9)\", \"excluded by operator (reason)\", "
                                            "\"ok\".")
+    degradation: Degradation
 
 
 class NodeList(BaseModel):

@@ -52,6 +52,21 @@ _JSON_KEYS = ("nodes", "target_nodes", "exclude", "pattern_ids", "evidence", "at
               "data", "last_health")
 
 
+def degradation_view(by_gpu: dict[str, dict]) -> dict:
+    """A node's degradation as every reader gets it, from each GPU's newest
+    record (docs/proactive.md): the node's level and score are its worst
+    GPU's; ``since`` is when that GPU's record was made (a GPU that stopped
+    reporting keeps its last record)."""
+    gpus = [{"gpu": gpu, "level": r.get("level", "ok"), "score": float(r.get("score") or 0.0),
+             "rules": [h.get("rule") for h in r.get("rules") or ()], "time": r.get("time")}
+            for gpu, r in sorted(by_gpu.items())]
+    worst = max(gpus, key=lambda g: g["score"], default=None)
+    if worst is None or worst["score"] <= 0:
+        return {"level": "ok", "score": 0.0, "since": None, "gpus": gpus}
+    return {"level": worst["level"], "score": worst["score"], "since": worst["time"],
+            "gpus": gpus}
+
+
 class ServiceError(RecoveryError):
     status = 400
 
@@ -308,9 +323,11 @@ class Service:
         strikes: dict[str, list[dict]] = {}
         for strike in self.store.strikes():
             strikes.setdefault(strike["node"], []).append(strike)
-        names = sorted({*rows, *scores, *strikes})
+        degradation = self.store.degradation_now()
+        names = sorted({*rows, *scores, *strikes, *degradation})
         return [self.node_view(name, rows.get(name), strikes.get(name, []),
-                               scores.get(name, 0.0), who) for name in names]
+                               scores.get(name, 0.0), who, degradation.get(name, {}))
+                for name in names]
 
     def node(self, name: str, who: Caller | None = None) -> dict:
         """A node with its strikes. Nodes are the cluster's, as in sinfo, so every
@@ -318,12 +335,14 @@ class Service:
         only for their own jobs."""
         row = self.store.node(name)
         strikes = self.store.strikes(name)
-        if row is None and not strikes:
+        degradation = self.store.degradation_now(name).get(name, {})
+        if row is None and not strikes and not degradation:
             raise NotFound(f"node {name} is not known")
-        return self.node_view(name, row, strikes, self.scores().get(name, 0.0), who)
+        return self.node_view(name, row, strikes, self.scores().get(name, 0.0), who,
+                              degradation)
 
     def node_view(self, name: str, row: dict | None, strikes: list[dict], score: float,
-                  who: Caller | None = None) -> dict:
+                  who: Caller | None = None, degradation: dict | None = None) -> dict:
         """One node as every reader gets it (``show node``, ``show nodes``, the
         API): the stored columns (None where the store has no row), the lemon
         score, its strikes (a list; another user's job and user blanked for a
@@ -343,6 +362,7 @@ class Service:
         out["strikes"] = strikes
         out["strike_count"] = len(strikes)
         out["health"], out["health_detail"] = self.health(out)
+        out["degradation"] = degradation_view(degradation or {})
         return out
 
     def _printable_id(self, job_pk: int | None) -> str | None:

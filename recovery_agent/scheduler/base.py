@@ -64,6 +64,8 @@ class Job:
     command: str = ""            # the batch script's path as Slurm lists it ("" unknown)
     requeue_allowed: bool = True
     held: bool = False
+    signal: str = ""             # the job's own --signal ("USR1", "B:USR1"): its
+                                 # checkpoint convention; "" when the listing shows none
 
     @property
     def is_array_task(self) -> bool:
@@ -133,6 +135,30 @@ class Probe:
     viable: bool
     reason: str = ""
     version: str = ""
+
+
+def submit_signal(submit_line: str | None) -> str:
+    """The signal of a ``--signal=[{R|B}:]SIG[@TIME]`` on the job's submit line
+    (Slurm 23.02 and later list it; 22.05 lists neither the line nor the
+    signal), as ``SIG`` or ``B:SIG`` without the ``SIG`` prefix; "" when none is
+    seen. Only options before the first word that is no option count (after it
+    come the script and its own arguments, or a --wrap command), so a word
+    the job's script is given is never read as its convention: the options
+    after an option's separate value (``-J name --signal=USR1``) are missed,
+    which leaves the job without a convention rather than with a wrong one."""
+    words = (submit_line or "").split()
+    for word in words[1:]:
+        if not word.startswith("-") or word.startswith("--wrap"):
+            return ""
+        if word.startswith("--signal="):
+            value = word[len("--signal="):].split("@", 1)[0]
+            batch = value.startswith("B:")
+            value = value[2:] if value[:2] in ("B:", "R:") else value
+            value = value.upper().removeprefix("SIG")
+            if not value.isalnum():
+                return ""
+            return f"B:{value}" if batch else value
+    return ""
 
 
 def select_jobs(jobs: list["Job"], job_ids: Iterable[str | int] | None) -> list["Job"]:
@@ -229,6 +255,12 @@ class Scheduler(Protocol):
         ...
 
     def cancel(self, job_id: str, signal: str | None = None) -> None: ...
+
+    def signal_job(self, job_id: str, signal: str, batch: bool = False) -> None:
+        """Send ``signal`` (``USR1``...) without ending the job: to every step
+        but the batch shell, as Slurm's ``--signal`` does, or with ``batch``
+        to the batch shell only (``scancel --signal=SIG [--batch]``)."""
+        ...
 
     def drain_node(self, name: str, reason: str) -> None: ...
 

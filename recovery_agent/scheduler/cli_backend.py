@@ -158,6 +158,12 @@ class CliScheduler:
             argv.append(f"--signal={signal}")
         self._job_cmd([*argv, str(job_id)])
 
+    def signal_job(self, job_id: str, signal: str, batch: bool = False) -> None:
+        if not signal:
+            raise ValueError("a signal is needed")
+        argv = ["scancel", f"--signal={signal}", *(["--batch"] if batch else [])]
+        self._job_cmd([*argv, str(job_id)])
+
     def drain_node(self, name: str, reason: str) -> None:
         if not reason.strip():
             raise ValueError("a drain needs a reason")

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import hostlist
 
-from .base import UNAVAILABLE_NODE_FLAGS, Job, Node
+from .base import UNAVAILABLE_NODE_FLAGS, Job, Node, submit_signal
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +204,8 @@ def job_from_json(raw: Mapping[str, Any], version: tuple[int, int, int]) -> Job:
         workdir=raw.get("current_working_directory") or "",
         command=raw.get("command") if isinstance(raw.get("command"), str) else "",
         requeue_allowed=bool(raw.get("requeue", True)), held=held,
+        signal=submit_signal(raw.get("submit_line")
+                             if isinstance(raw.get("submit_line"), str) else ""),
     )
     return _with_output_paths(job, raw, version)
 
@@ -234,7 +236,7 @@ _JOB_FIELDS = ("job_id", "array_job_id", "array_task_id", "array_task_string", "
                "exit_code", "state_reason", "hold", "name", "nodes", "batch_host",
                "excluded_nodes", "restart_cnt", "submit_time", "start_time", "end_time",
                "user_name", "user_id", "group_id", "comment", "partition", "cluster",
-               "current_working_directory", "command",
+               "current_working_directory", "command", "submit_line",
                "requeue", "standard_output", "standard_error", "stdout_expanded",
                "stderr_expanded")
 

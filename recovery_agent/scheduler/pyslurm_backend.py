@@ -371,6 +371,14 @@ class PyslurmScheduler:
         # shell, as a plain `scancel --signal` does
         self._on_job(job_id, ["Job.send_signal", str(sig)], lambda job: job.send_signal(sig))
 
+    def signal_job(self, job_id: str, signal: str, batch: bool = False) -> None:
+        sig = _signal_name(signal)
+        steps = "batch" if batch else "children"
+        # pyslurm/core/job/job.pyx: Job.send_signal(sig, steps=...) -- "children": every
+        # step but the batch shell; "batch": the batch shell only
+        self._on_job(job_id, ["Job.send_signal", str(sig), f"steps={steps}"],
+                     lambda job: job.send_signal(sig, steps=steps))
+
     # -- changing nodes ---------------------------------------------------------------
 
     def drain_node(self, name: str, reason: str) -> None:

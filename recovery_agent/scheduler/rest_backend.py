@@ -311,6 +311,16 @@ class RestScheduler:
         self._change("DELETE", job_path(api.version, job_id), _JOB_MISSING, JobNotFound,
                      query=query)
 
+    def signal_job(self, job_id: str, signal: str, batch: bool = False) -> None:
+        if not batch:
+            self.cancel(job_id, signal)   # DELETE with a signal: every step but the batch
+            return
+        # the job DELETE's signal reaches the steps only; the batch shell alone is
+        # scancel's --batch
+        self._lacking("a signal to the batch shell", "DELETE",
+                      job_path(self.api().version, job_id))
+        self.fallback.signal_job(job_id, signal, batch=True)
+
     def _update_node(self, name: str, body: Mapping[str, Any], fallback) -> None:
         api = self.api()
         path = node_path(api.version, name)

@@ -123,6 +123,13 @@ class NodeQueries:
             "node = ? and gpu = ?", [node, gpu], order_by="id desc", limit=1))
         return json.loads(rows[0]["evidence"]) if rows else None
 
+    def degradation_after(self, pk: int, limit: int = 500) -> list[dict]:
+        """Degradation records stored after the record ``pk`` (id, node, level,
+        previous_level), oldest first: what the move planner has not seen."""
+        return list(self.db["node_degradation"].rows_where(
+            "id > ?", [pk], select="id, node, level, previous_level", order_by="id",
+            limit=limit))
+
     def node_degradation(self, node: str, limit: int = 200) -> list[dict]:
         """A node's degradation records (every GPU), newest first, each the
         evidence record with the row's ``id`` and ``report``."""
@@ -130,6 +137,19 @@ class NodeQueries:
                                                       limit=limit)
         return [{**json.loads(r["evidence"]), "id": r["id"], "report": r["report"]}
                 for r in rows]
+
+    def degradation_now(self, node: str | None = None) -> dict[str, dict[str, dict]]:
+        """{node: {gpu: its newest degradation record}}, for every node (or
+        one), GPUs whose newest record is back at ``ok`` included: the index
+        on (node, gpu, id) answers one max(id) per GPU."""
+        where, args = ("where node = ?", [node]) if node is not None else ("", [])
+        out: dict[str, dict[str, dict]] = {}
+        for row in self.db.query(
+                "select d.node, d.gpu, d.evidence from node_degradation d join "
+                f"(select max(id) as id from node_degradation {where} group by node, gpu) "
+                "newest on newest.id = d.id order by d.node, d.gpu", args):
+            out.setdefault(row["node"], {})[row["gpu"]] = json.loads(row["evidence"])
+        return out
 
     # -- what a node's page shows ------------------------------------------------
     def node_xids(self, node: str, limit: int = 200) -> list[dict]:

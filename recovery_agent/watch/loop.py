@@ -13,6 +13,7 @@ from slurm_hooks import spec as specs
 
 from ..config import Config
 from ..decide.decider import environment_mode
+from ..decide.moves import Mover
 from ..decide.policy import effective_mode
 from ..detect.scanner import Scanner
 from ..errors import RecoveryError, StoreError
@@ -35,6 +36,7 @@ HANG_SLACK = 0.05
 SETTLE_AFTER_NUDGE = 5.0
 SEEN_FLUSH_EVERY = 60.0  # unchanged jobs' last_seen is written this often
 GONE_AFTER = 600.0  # a stored job slurmctld no longer lists is let go after this
+MOVES_CURSOR = "moves_cursor"   # agent state: the last degradation record planned for
 # a job the agent let go (GONE) is as over as one Slurm finished: not re-read each cycle
 ENDED_STATES = FINISHED_STATES | {"GONE"}
 
@@ -91,6 +93,7 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
         self._path_users: dict[str, int] = {}       # followed path -> watches using it
         self._node_map: tuple[float, dict[str, str]] = (float("-inf"), {})
         self.node_states = NodeStates(cfg, store, scheduler)   # the node state history
+        self._moves_cursor: int | None = None   # the last degradation record planned for
 
     def cycle(self) -> int:
         """Run one cycle; return how many detections it stored."""
@@ -122,6 +125,7 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
         self._sync(listing, now)
         try:
             self.node_states.poll(now)
+            self._plan_moves(now)
         except STORE_ERRORS as exc:
             self._defer(exc)
         found = self._scan(now)
@@ -300,6 +304,31 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
             return
         if job.state == "RUNNING" and watch is None:
             self._start(row, job, now)
+
+    def _plan_moves(self, now: float) -> None:
+        """A node that became degraded since the last look gets its moves
+        planned (decide/moves.py): at most once per change into ``degraded``.
+        The cursor is the last degradation record seen, kept across restarts."""
+        if self.decider is None:
+            return
+        if self._moves_cursor is None:
+            self._moves_cursor = int(self.store.get_state(MOVES_CURSOR, 0) or 0)
+        rows = self.store.degradation_after(self._moves_cursor)
+        if not rows:
+            return
+        nodes = sorted({r["node"] for r in rows if r["level"] == "degraded"
+                        and r["previous_level"] != "degraded"})
+        # the cursor moves first: an agent that dies while planning plans those
+        # nodes at most once (a lost plan moves nothing; a repeated one could)
+        self._moves_cursor = rows[-1]["id"]
+        self.store.set_state(MOVES_CURSOR, self._moves_cursor)
+        mover = Mover(self.decider)
+        for node in nodes:
+            moved = mover.plan(node, now)
+            if moved.plan is not None:
+                log.info("node=%s degraded: %d move(s), %d refusal(s)", node,
+                         sum(m.moves for m in moved.plan.jobs),
+                         sum(not m.moves for m in moved.plan.jobs))
 
     def _end(self, job_pk: int, state: str) -> None:
         watch = self.watches.get(job_pk)

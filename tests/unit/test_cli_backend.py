@@ -65,6 +65,8 @@ def test_write_commands(fake_slurm):
     fake_slurm.release("15")
     fake_slurm.cancel("15")
     fake_slurm.cancel("16", signal="USR1")
+    fake_slurm.signal_job("16", "USR2")
+    fake_slurm.signal_job("16", "TERM", batch=True)
     fake_slurm.drain_node("node3", "recovery: rec-1 gpu_hardware xid=79")
     fake_slurm.resume_node("node3")
     assert lines(fake_slurm) == [
@@ -76,6 +78,8 @@ def test_write_commands(fake_slurm):
         "release 15",
         "scancel 15",
         "scancel --signal=USR1 16",
+        "scancel --signal=USR2 16",
+        "scancel --signal=TERM --batch 16",
         "update nodename=node3 state=DRAIN reason=recovery: rec-1 gpu_hardware xid=79",
         "update nodename=node3 state=RESUME",
     ]

@@ -296,3 +296,37 @@ def test_a_record_the_cut_cannot_parse_falls_back_to_the_whole_document():
     broken = text.replace('"job_state"', '"job_state" "', 1)
     with pytest.raises(ValueError):
         parse_squeue_text(broken)
+
+
+def test_no_recorded_listing_shows_a_signal(slurm_version):
+    # none of the recorded jobs was submitted with --signal; 22.05 has no
+    # submit_line at all, 26.05 has one for every job
+    assert {j.signal for j in jobs_by_id(slurm_version).values()} == {""}
+
+
+def test_the_signal_is_read_from_a_26_05_submit_line():
+    doc = slurm_fixture("26.05", "squeue_one_running.json")
+    raw = doc["jobs"][0]
+    assert raw["submit_line"].startswith("sbatch ")
+    raw["submit_line"] = "sbatch --parsable --signal=B:USR1@120 --mem=100 --wrap sleep 300"
+    assert parse_squeue(doc)[0].signal == "B:USR1"
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("sbatch --signal=USR1@90 train.sbatch", "USR1"),
+    ("sbatch --signal=SIGUSR2 train.sbatch", "USR2"),
+    ("sbatch --signal=R:TERM@60 train.sbatch", "TERM"),
+    ("sbatch --signal=B:usr1 train.sbatch", "B:USR1"),
+    ("sbatch --signal=10@30 x.sh", "10"),
+    # the script's own arguments and a --wrap command are not sbatch's options
+    ("sbatch train.sbatch --signal=USR1", ""),
+    ("sbatch --wrap python train.py --signal=USR1", ""),
+    # an option's separate value ends the scan: missed, never misread
+    ("sbatch -J run --signal=USR1 x.sh", ""),
+    ("sbatch --signal=$(id) x.sh", ""),
+    ("", ""),
+    (None, ""),
+])
+def test_submit_signal(line, expected):
+    from recovery_agent.scheduler.base import submit_signal
+    assert submit_signal(line) == expected

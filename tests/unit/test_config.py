@@ -255,3 +255,22 @@ def test_proactive_section_loads_and_checks(tmp_path):
                      ("nonsense = 1", "proactive.nonsense")):
         with pytest.raises(ConfigError, match=key):
             config.load(write(tmp_path, f"[proactive]\n{bad}\n"), environ={})
+
+
+def test_the_move_keys_load_and_check(tmp_path):
+    cfg = config.load(write(tmp_path, '[proactive]\nmigrate_cooldown = "2h"\n'
+                                      'checkpoint_wait = "5m"\n'
+                                      '[environments.prod]\nproactive = "action"\n'
+                                      '[environments.lab]\nproactive = "off"\n'), environ={})
+    assert (cfg.proactive.migrate_cooldown, cfg.proactive.checkpoint_wait) == (7200.0, 300.0)
+    assert cfg.environment("prod").proactive == "action"
+    assert cfg.environment("lab").proactive == "off"
+    assert cfg.environment("default").proactive == "monitor"   # nothing moves unless asked
+    built_in = config.load(write(tmp_path, ""), environ={}).proactive
+    assert (built_in.migrate_cooldown, built_in.checkpoint_wait) == (6 * 3600.0, 600.0)
+    for bad, key in (('[proactive]\nmigrate_cooldown = "-1s"', "proactive.migrate_cooldown"),
+                     ('[proactive]\ncheckpoint_wait = "0s"', "proactive.checkpoint_wait"),
+                     ('[proactive]\ncheckpoint_wait = "2d"', "proactive.checkpoint_wait"),
+                     ('[environments.prod]\nproactive = "yes"', "environments.prod.proactive")):
+        with pytest.raises(ConfigError, match=key):
+            config.load(write(tmp_path, bad + "\n"), environ={})

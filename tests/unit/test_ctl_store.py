@@ -253,3 +253,41 @@ def test_reads_fall_back_to_munge_when_the_token_cannot_be_read(env, monkeypatch
     (tmp / "not-yours").write_text("tok\n")
     assert run("show", "jobs", "--url", "http://127.0.0.1:1").exit_code == 0
     assert seen[-1] == "Bearer tok"
+
+
+def test_show_nodes_and_node_carry_the_degradation_score(env):
+    """The newest record of each GPU decides (docs/proactive.md): a pending
+    remap on node3 shows as degraded with its rule; a GPU whose newest record
+    is back at ok shows nothing, though it once scored."""
+    from recovery_agent.config.schema import ProactiveConfig
+    from recovery_agent.detect import degradation as dg
+    from tests.unit.test_degradation import T0, gpu_snapshot
+
+    tmp, store, _ = env
+    db = str(tmp / "recovery.db")
+    cfg = ProactiveConfig()
+
+    def scored(node, *snapshots):
+        rows, previous = [], None
+        for i, snap in enumerate(snapshots):
+            rows += dg.readings_from_snapshot(node, T0 + i * 1200, snap)
+            (score,) = dg.score_node(rows, cfg).values()
+            change = dg.score_change(previous, score)
+            if change is not None:
+                store.add_degradation("c1", change)
+                previous = change
+    scored("node3", gpu_snapshot(), gpu_snapshot(remapped_rows_pending=True))
+    scored("node4", gpu_snapshot(remapped_rows_pending=True), gpu_snapshot())
+    listing = run("show", "nodes", "--db", db).output.splitlines()
+    assert "DEGRADATION" in listing[0].split()
+    node3 = next(line for line in listing if line.startswith("node3"))
+    node4 = next(line for line in listing if line.startswith("node4"))
+    assert "degraded 1.00 (row_remap_pending)" in node3
+    assert "degraded" not in node4
+    data = json.loads(run("show", "node", "node3", "--db", db, "--json").output)
+    assert data["degradation"]["level"] == "degraded"
+    assert data["degradation"]["gpus"][0]["rules"] == ["row_remap_pending"]
+    shown = run("show", "node", "node3", "--db", db).output
+    assert "Degradation=degraded 1.00 (row_remap_pending) since" in shown
+    assert json.loads(run("show", "node", "node4", "--db", db, "--json").output)[
+        "degradation"]["level"] == "ok"

@@ -10,17 +10,11 @@ from dataclasses import replace
 import pytest
 
 from recovery_agent.config import from_mapping
-from recovery_agent.decide.decider import Decider
-from recovery_agent.detect.patterns import load_rules
-from recovery_agent.detect.scanner import Scanner
 from recovery_agent.inputs.ingest import Ingest
 from recovery_agent.inputs.jobcache import JobCache
-from recovery_agent.inputs.logline import MemoryCursorStore
-from recovery_agent.inputs.tail import Tailer
 from recovery_agent.scheduler.base import Job
 from recovery_agent.store import Store, same_job
-from recovery_agent.watch import Watcher
-from tests.unit.scripted import Script
+from tests.unit.scripted import Script, scripted_watcher
 
 
 def listed(state, out, submit, comment="", **kw) -> Job:
@@ -38,9 +32,7 @@ def loop(tmp_path):
     store = Store(tmp_path / "r.db")
     sched = Script()
     clock = [10_000.0]
-    watcher = Watcher(cfg, store, sched, Scanner(load_rules(), engine="re"),
-                      Tailer(MemoryCursorStore()), clock=lambda: clock[0],
-                      decider=Decider(cfg, store, None, clock=lambda: clock[0]))
+    watcher = scripted_watcher(cfg, store, sched, clock)
     return watcher, store, sched, clock
 
 
@@ -246,6 +238,51 @@ def test_a_miss_right_after_the_loops_listing_still_refreshes_and_tells_the_list
     cache.refresh_soon()
     cache.wait()
     assert [sorted(t) for t in told] == [["5"]]
-    cache.refresh_soon()    # and its own refreshes are still throttled
+    cache.refresh_soon()    # its own refreshes are still throttled: this miss waits
+    cache.wait(0.2)
+    assert len(told) == 1 and cache.pending
+
+
+def test_a_miss_while_a_refresh_runs_gets_one_more_refresh():
+    """The running listing may have been taken before the job that missed was
+    submitted: dropping that miss left the row it stored unmerged until some
+    other miss came."""
+    import threading
+
+    class Slow(Script):
+        def __init__(self, jobs) -> None:
+            super().__init__(jobs)
+            self.started, self.release = threading.Event(), threading.Event()
+
+        def list_jobs(self, job_ids=None):
+            listing = list(self.jobs)   # taken before the release: the old view
+            self.started.set()
+            self.release.wait(5)
+            return listing
+
+    sched = Slow([Job(job_id="5", numeric_id=5, state="RUNNING", submit_time=1)])
+    cache = JobCache(sched, min_interval=0)
+    told = []
+    cache.on_refresh.append(told.append)
+    cache.refresh_soon()
+    assert sched.started.wait(5)
+    sched.jobs.append(Job(job_id="6", numeric_id=6, state="RUNNING", submit_time=2))
+    cache.refresh_soon()    # job 6 missed while the first listing was under way
+    sched.release.set()
     cache.wait()
-    assert len(told) == 1
+    assert [sorted(t) for t in told] == [["5"], ["5", "6"]]
+    assert not cache.pending
+
+
+def test_a_throttled_miss_is_served_when_the_interval_is_over():
+    sched = Script([Job(job_id="5", numeric_id=5, state="RUNNING", submit_time=1)])
+    cache = JobCache(sched, min_interval=0.3)
+    told = []
+    cache.on_refresh.append(told.append)
+    cache.refresh_soon()
+    cache.wait()
+    sched.jobs.append(Job(job_id="6", numeric_id=6, state="RUNNING", submit_time=2))
+    cache.refresh_soon()
+    cache.refresh_soon()    # two misses inside the interval: one refresh serves both
+    cache.wait()
+    assert [sorted(t) for t in told] == [["5"], ["5", "6"]]

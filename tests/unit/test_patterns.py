@@ -270,7 +270,7 @@ def test_xid_action(xid, message, kind, action):
     # CUDA: may be the GPU / the node's driver stack / the program / OOM
     ("ERROR 02-21 06:30:25 core.py:291] RuntimeError: CUDA error: an illegal memory access was "
      "encountered", "cuda.illegal_address", "cuda_error", "requeue_exclude"),
-    ("Failed to allocate device vector A (error code unknown error)!", "cuda.unknown_error",
+    ("Failed to allocate device vector A (error code unknown error)!", "cuda.unknown_error_at_init",
      "cuda_error", "requeue_exclude"),
     ("Cuda failure 802 'system not yet initialized'", "cuda.system_not_ready",
      "system_software", "requeue_exclude"),

@@ -79,7 +79,7 @@ def _verdict(lines):
      "system_software", "requeue_exclude"),
     # CUDA's bare strings in other wrappers
     ("F1122 13:34:37.337718  2869 syncedmem.hpp:18] Check failed: error == cudaSuccess (30 vs. "
-     "0)  unknown error", "cuda.unknown_error", "cuda_error", "requeue_exclude"),
+     "0)  unknown error", "cuda.unknown_error", "cuda_error", "requeue"),
 ])
 def test_emitter_formats_classify(line, rule, category, action):
     found = SCANNER.scan_lines([line])

@@ -841,3 +841,22 @@ def test_unexplained_failures_count_against_the_budget_until_a_checkpoint(tmp_pa
     r.store.record_attempt(pk, third)
     out = run(r, pk, third, timeout)
     assert (out.decision.action, out.decision.rule) == ("stop", "unknown_budget")
+
+
+def test_a_move_off_a_degraded_node_spends_no_restart(tmp_path):
+    # restart count 3 = max_restarts, but one of the three was a move
+    # (decide/moves.py), not a failure: the job still has a retry
+    r = rig(tmp_path)
+    job = slurm_job(restarts=3)
+    pk = register(r, job)
+    with r.store.lock, r.store.db.atomic():
+        r.store.add_recommendation({
+            "job": pk, "attempt": 1, "job_id": "77", "scope": "job", "action": "migrate",
+            "mode": "action", "status": "done", "trigger": "degraded", "restart_at": 1,
+            "exclude": ["n9"], "target_nodes": ["n9"], "rule": "degraded",
+            "reason_category": "degraded", "attribution": {
+                "blame": "node", "category": "degraded", "nodes": ["n9"],
+                "action": "migrate", "ran_on": ["n9"]}})
+    out = run(r, pk, job, HW, detections=[XID])
+    assert out.decision.action == "requeue_exclude"
+    assert "n9" in out.decision.exclude   # the degraded node stays excluded

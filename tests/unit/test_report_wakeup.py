@@ -12,16 +12,12 @@ import pytest
 
 from recovery_agent.config import from_mapping
 from recovery_agent.errors import ConfigError
-from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.progress import HangDetector
-from recovery_agent.detect.scanner import Scanner
 from recovery_agent.inputs.ingest import Ingest
-from recovery_agent.inputs.logline import MemoryCursorStore
 from recovery_agent.scheduler.base import Job
-from recovery_agent.inputs.tail import Tailer
 from recovery_agent.store import Store
 from recovery_agent.watch import Watcher
-from tests.unit.scripted import Script
+from tests.unit.scripted import Script, scripted_watcher
 from tests.unit.test_ingest import XID79, report
 
 
@@ -41,8 +37,7 @@ class Counted(Watcher):
 
 def watcher(tmp_path, **agent) -> Counted:
     cfg = from_mapping({"agent": {"cluster": "c1", "poll_interval": 30, **agent}})
-    return Counted(cfg, Store(tmp_path / "r.db"), Script(), Scanner(load_rules(), engine="re"),
-                   Tailer(MemoryCursorStore()))
+    return scripted_watcher(cfg, Store(tmp_path / "r.db"), Script(), watcher_class=Counted)
 
 
 def running(w: Counted) -> threading.Event:
@@ -209,6 +204,5 @@ def loop_parts(tmp_path):
                         "environments": {"act": {"mode": "monitor"}}})
     store = Store(tmp_path / "w.db")
     sched = Script()
-    w = Watcher(cfg, store, sched, Scanner(load_rules(), engine="re"),
-                Tailer(MemoryCursorStore()))
+    w = scripted_watcher(cfg, store, sched)
     return w, store, sched

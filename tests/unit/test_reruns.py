@@ -17,20 +17,14 @@ from pathlib import Path
 import pytest
 
 from recovery_agent.config import from_mapping
-from recovery_agent.decide.decider import Decider
-from recovery_agent.detect.patterns import load_rules
-from recovery_agent.detect.scanner import Scanner
 from recovery_agent.inputs.ingest import Ingest
-from recovery_agent.inputs.logline import MemoryCursorStore
-from recovery_agent.inputs.tail import Tailer
 from recovery_agent.scheduler.base import Job
 from recovery_agent.scheduler.cli_parse import parse_squeue
 from recovery_agent.store import Store
 from recovery_agent.store import reports as report_rows
 from recovery_agent.store.migrations import MIGRATIONS, migrate
-from recovery_agent.watch import Watcher
 from tests.conftest import FIXTURES
-from tests.unit.scripted import Script
+from tests.unit.scripted import Script, scripted_watcher
 
 RECORDED = FIXTURES / "slurm" / "22.05" / "rerun"
 TRACEBACK = ("Traceback (most recent call last):\n"
@@ -52,9 +46,7 @@ def loop(tmp_path):
     store = Store(tmp_path / "r.db")
     sched = Script()
     clock = [1_796_175_020.0]
-    watcher = Watcher(cfg, store, sched, Scanner(load_rules(), engine="re"),
-                      Tailer(MemoryCursorStore()), clock=lambda: clock[0],
-                      decider=Decider(cfg, store, None, clock=lambda: clock[0]))
+    watcher = scripted_watcher(cfg, store, sched, clock)
     yield watcher, store, sched, clock
     store.close()
 
@@ -124,9 +116,7 @@ def test_a_restarted_agent_judges_neither_run_again(loop, tmp_path):
     watcher, store, sched, clock = loop
     replay(loop, tmp_path / "rerun-61.out")
     cfg = watcher.cfg
-    fresh = Watcher(cfg, store, sched, Scanner(load_rules(), engine="re"),
-                    Tailer(MemoryCursorStore()), clock=lambda: clock[0],
-                    decider=Decider(cfg, store, None, clock=lambda: clock[0]))
+    fresh = scripted_watcher(cfg, store, sched, clock)
     run(fresh, clock, 12)
     assert len([r for r in store.recommendations() if r.scope == "job"]) == 2
     assert len([e for e in store.timeline(1) if e["kind"] == "verdict"]) == 2

@@ -184,8 +184,11 @@ def test_frames_inside_a_traceback_do_not_fire(re_scanner):
     assert [d.rule for d in re_scanner.scan_lines(lines)] == ["python.user_error"]
 
 
-def test_a_cut_off_traceback_yields_nothing(re_scanner):
-    assert re_scanner.scan_lines(_traceback("")[:3]) == []
+def test_a_cut_off_traceback_is_only_an_exit_report(re_scanner):
+    # the log ends inside it: something failed, not said what (no stop, no category)
+    found = re_scanner.scan_lines(_traceback("")[:3])
+    assert [(d.rule, d.role, d.action_hint, d.line) for d in found] == [
+        ("python.traceback_unfinished", "exit", "requeue", 1)]
 
 
 def test_child_failed_summary_names_root_cause_host_and_rank(re_scanner):
@@ -236,3 +239,35 @@ def test_required_literals():
     assert required_literals(r"(?i)Transport retry") == (frozenset({"transport retry"}), True)
     assert required_literals(r"\d+\s+\w+") is None
     assert required_literals(r"ab(?:cd)?") is None    # too short to help
+
+
+def _cut_rules():
+    import re as _re
+
+    from recovery_agent.detect.patterns import REGEX_FLAGS, Rule
+    made = []
+    for rid, regex in (("t.head_end", r"marker at the cut$"),
+                       ("t.whole_end", r"tail beyond the cut$"),
+                       ("t.plain", r"an ordinary failure")):
+        made.append(Rule(id=rid, category="application", regex=regex, source="test",
+                         action="stop", compiled=_re.compile(regex, REGEX_FLAGS)))
+    return made
+
+
+@pytest.mark.parametrize("engine", ["re", pytest.param("hyperscan", marks=needs_hyperscan)])
+def test_a_long_line_is_matched_on_its_head_by_both_engines(engine):
+    """Lines over MAX_LINE are matched on their first MAX_LINE bytes, with no
+    copy of the block: a rule anchored at the end of the head fires, one that
+    only the whole line satisfies does not, and the lines after keep their
+    numbers (the hyperscan engine scans such heads on their own)."""
+    head = b"x" * (MAX_LINE - len(b"marker at the cut")) + b"marker at the cut"
+    long = head + b" and then " * 9000 + b"tail beyond the cut"
+    data = b"first line\n" + long + b"\nan ordinary failure\n" + long + b"\n"
+    scanner = Scanner(_cut_rules(), engine=engine)
+    found = [(d.rule, d.line) for d in scanner.scan_bytes(data)]
+    assert found == [("t.head_end", 2), ("t.plain", 3), ("t.head_end", 4)]
+    # the same lines fed in two chunks split inside the long line
+    stream = scanner.stream()
+    split = len(b"first line\n") + MAX_LINE // 3
+    fed = stream.feed_bytes(data[:split]) + stream.feed_bytes(data[split:]) + stream.flush()
+    assert [(d.rule, d.line) for d in fed] == found

@@ -28,7 +28,17 @@ def test_shared_cases(case):
 def test_fields():
     parsed = spec.parse("prod:action,max-restarts=3,hang=20m,ckpt=/c,notify=mail")
     assert parsed.as_dict() == {"env": "prod", "mode": "action", "max_restarts": 3,
-                                "hang": 1200, "ckpt": "/c", "notify": "mail"}
+                                "hang": 1200, "ckpt": "/c", "notify": "mail",
+                                "ckpt_signal": None, "proactive": None}
+    keyed = spec.parse("prod,ckpt-signal=B:USR1,proactive=no")
+    assert (keyed.ckpt_signal, keyed.proactive) == ("B:USR1", False)
+    assert spec.parse("prod,proactive=yes").proactive is True
+    assert spec.parse("prod,ckpt-signal=none").ckpt_signal == "none"   # said: no convention
+
+
+def test_the_new_keys_are_named_in_the_unknown_key_message():
+    with pytest.raises(spec.SpecError, match="ckpt-signal, proactive"):
+        spec.parse("prod,signal=USR1")
 
 
 def test_defaults_from_the_plugstack():

@@ -376,3 +376,31 @@ def test_an_address_slurm_gives_no_job_node_or_several_names_none(tmp_path):
         (tmp_path / str(i)).mkdir()
         verdict, _ = peer_failure(tmp_path / str(i), nodes)
         assert "node-3" not in verdict["nodes"] and "node-1" not in verdict["nodes"]
+
+
+def test_a_node_that_becomes_degraded_gets_its_moves_planned_once(tmp_path):
+    from recovery_agent.decide.decider import Decider
+    from recovery_agent.scheduler.base import Node
+    out = tmp_path / "job-77.out"
+    out.write_text("step 1\n")
+    clock = [2000.0]
+    watcher, store, sched = make(tmp_path, clock)
+    watcher.decider = Decider(watcher.cfg, store, sched, clock=lambda: clock[0])
+    # 12 nodes: one drain is within max_drained_percent (10%)
+    sched.nodes = [Node(f"node{i}", "MIXED", partitions=("gpu",)) for i in range(1, 13)]
+    sched.jobs = [job("RUNNING", str(out), comment="recovery=prod,ckpt-signal=USR1")]
+    watcher.cycle()
+    assert store.recommendations() == []
+    store.add_degradation("c1", {"node": "node2", "gpu": "0", "time": 2000.0, "score": 1.0,
+                                 "level": "degraded", "previous_level": "watch",
+                                 "rules": [{"rule": "row_remap_pending", "weight": 1.0}]})
+    clock[0] += 2
+    watcher.cycle()
+    recs = store.recommendations()
+    # the default environment: proactive = monitor, mode monitor -> recorded only
+    assert sorted((r.action, r.status) for r in recs) == [("drain_node", "would_have"),
+                                                          ("migrate", "would_have")]
+    clock[0] += 2
+    watcher.cycle()   # the same degradation is not planned for again
+    assert len(store.recommendations()) == 2
+    assert store.get_state("moves_cursor") > 0

@@ -127,7 +127,18 @@ def show_job(job_id: str, config_path, db_path, url, as_json: bool) -> None:
 NODE_COLUMNS = [("name", "NODE"), ("health_text", "HEALTH"), ("suspect", "SUSPECT"),
                 ("strike_count", "STRIKES"), ("ours", "OUR_DRAIN"),
                 ("drain_reason", "REASON"), ("excluded", "EXCLUDED"),
-                ("last_report", "LAST_HEALTH")]
+                ("degradation_text", "DEGRADATION"), ("last_report", "LAST_HEALTH")]
+
+
+def degradation_text(row: dict) -> str:
+    """A node's degradation in a few words: ``degraded 1.00 (row_remap_pending)``,
+    ``watch 0.25 (thermal_power_slowdown)``, or ``-`` (ok, or never scored)."""
+    deg = row.get("degradation") if isinstance(row.get("degradation"), dict) else {}
+    if not deg or deg.get("level", "ok") == "ok":
+        return "-"
+    rules = sorted({r for g in deg.get("gpus") or () if g.get("score") for r in g["rules"]})
+    return f"{deg['level']} {_score(deg.get('score') or 0.0)}" + (
+        f" ({','.join(rules)})" if rules else "")
 
 
 def _last_report(health) -> str:
@@ -153,7 +164,8 @@ def _strike_count(row: dict) -> int:
 @listing_options
 def show_nodes(config_path, db_path, url, as_json, listing) -> None:
     """Nodes: health, suspect (lemon) score, strikes, our drains, operator
-    exclusions, the last hook report.
+    exclusions, degradation (the GPU wear score, docs/proactive.md), the last
+    hook report.
 
     \b
     Example:
@@ -171,6 +183,7 @@ def show_nodes(config_path, db_path, url, as_json, listing) -> None:
         r["ours"] = _yes(r.get("drained_by_us"))
         r["excluded"] = _yes(r.get("excluded_by_operator"))
         r["last_report"] = _last_report(r.get("last_health"))
+        r["degradation_text"] = degradation_text(r)
     listing.print(rows, NODE_COLUMNS)
 
 
@@ -217,6 +230,13 @@ def _print_node(row: dict) -> None:
                 f"Excluded={_yes(row.get('excluded_by_operator'))} "
                 f"Reason={row.get('drain_reason') or '-'}", bold=True)
     click.echo(f"  Health={node_health(row)}")
+    deg = row.get("degradation") if isinstance(row.get("degradation"), dict) else {}
+    if deg and deg.get("level", "ok") != "ok":
+        click.echo(f"  Degradation={degradation_text(row)} since {_when(deg.get('since'))}")
+        for g in deg.get("gpus") or ():
+            if g.get("score"):
+                click.echo(f"  gpu {g['gpu']} {g['level']} score={_score(g['score'])} "
+                           f"rules={','.join(g['rules']) or '-'} at {_when(g.get('time'))}")
     for s in row["strikes"] if isinstance(row.get("strikes"), list) else []:
         click.echo(f"  strike {_when(s['ts'])} {s['category']:<14} "
                    f"weight={_score(s['weight'])} job={s.get('job_id') or '-'} "
