@@ -201,8 +201,8 @@ def _blame(winner: Detection, chosen: list[tuple[int, Detection]], action: str, 
                        reason=f"{where}: {winner.detail}".strip(": "),
                        suspects=tuple(_peers((d for _, d in chosen), context)))
     hosts = _hosts(d for _, d in chosen)
-    if not hosts and len(context.nodes) == 1 and action == "requeue_exclude":
-        hosts = list(context.nodes)
+    if not hosts and action == "requeue_exclude":
+        hosts = _the_one_node(chosen, context)
     gpus = _unique(d.pci or d.gpu for _, d in chosen if d.category == "gpu_hardware")
     links = _unique(d.pci for _, d in chosen if d.category == "interconnect")
     if action == "requeue_exclude" and not (hosts or gpus or links):
@@ -435,6 +435,20 @@ def _marks_done(d: Detection) -> bool:
     """A line a training framework prints once its work is saved: the
     lifecycle pack's rules, or the wording ``_DONE`` knows."""
     return d.rule.startswith("lifecycle.") or bool(_DONE.search(_text(d)))
+
+
+def _the_one_node(chosen: list[tuple[int, Detection]], context: AttributionContext) -> list[str]:
+    """The node hostless node-side evidence is on when the job (or the log)
+    has only one: the job's single node; else, while the job's nodes are not
+    known (a log read offline), the one host every prefixed line of the log
+    was printed on (a pasted single-node log whose failure line carries no
+    prefix: a Python traceback, a CUDA error). Never for a line whose rule
+    names the other side (its peer was not read: the printer is not it)."""
+    if len(context.nodes) == 1:
+        return list(context.nodes)
+    if context.nodes or len(context.printers) != 1 or any(d.peer for _, d in chosen):
+        return []
+    return [_node_name(context.printers[0], context)]
 
 
 def _text(d: Detection) -> str:

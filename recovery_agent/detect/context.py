@@ -13,7 +13,7 @@ import hostlist
 
 from .attempts import PriorAttempt
 from .model import Detection
-from .origin import line_origin
+from .origin import line_origin, names_no_node
 
 __all__ = ["AttributionContext", "Layout", "LayoutLines", "context_from_lines", "node_addresses",
            "parse_layout", "read_node_addresses", "with_host"]
@@ -33,6 +33,7 @@ class AttributionContext:
     node_states: Mapping[str, str] = field(default_factory=dict)  # host -> state
     previous: tuple[PriorAttempt, ...] = ()
     window: tuple[float, float] | None = None         # the attempt's start, end
+    printers: tuple[str, ...] = ()                    # hosts the log's line prefixes name
 
 
 # -- layout from the log ----------------------------------------------------------
@@ -46,6 +47,7 @@ class Layout:
     addresses: Mapping[str, str] = field(default_factory=dict)
     task_hosts: Mapping[int, str] = field(default_factory=dict)
     node_index: Mapping[int, str] = field(default_factory=dict)
+    printers: tuple[str, ...] = ()   # the hosts line prefixes name as the printer, in order
 
 
 _ALLOC = re.compile(r"\b(?:Allocate JobId=\d+\S* NodeList=|SLURM_(?:JOB_|STEP_)?NODELIST[=:] ?)"
@@ -65,6 +67,13 @@ _NCCL_ADDR = re.compile(r"(?:^|\s)([A-Za-z0-9][\w.-]*):\d+:\d+ \[\d+\] NCCL INFO
                         r"(?:\[\d+\])?[\w.-]+:(\d{1,3}(?:\.\d{1,3}){3})<")
 _IPV4 = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
 _SUMMARY = re.compile(r"^\s*(?:\[\w+\]:\s*)?(host|rank)\s*:\s*([\w.-]+)")
+# nccl-tests' device table (src/common.cu): "#  Rank R Group G Pid P on HOST device D [bus] name"
+# (older releases print no Group): rank R runs on HOST
+_NCCL_TESTS_RANK = re.compile(r"#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+"
+                              r"([A-Za-z0-9][\w.-]*)\s+device\s+\d+")
+# the node a job's script or task runs on, as an environment dump prints it
+_NODENAME = re.compile(r"\bSLURMD_NODENAME[=:] ?['\"]?([A-Za-z0-9][\w.-]*)")
+_PRINTERS_KEPT = 64   # printers past this many say nothing about which one a line is
 
 
 def parse_layout(lines: Iterable[str]) -> Layout:
@@ -73,13 +82,17 @@ def parse_layout(lines: Iterable[str]) -> Layout:
     ``SLURM_TASKS_PER_NODE``, ranks in block order), ``srun -v`` launch lines
     (and its "Node X, N tasks started": a node of the job),
     NCCL's communicator init and bootstrap lines (the widest communicator
-    wins), torchrun's failure summaries (``host :`` then ``rank :``), and the
-    line prefixes (:func:`~.origin.line_origin`) that put an srun ``--label``
-    task, a ``[rankN]:`` rank or a pdsh/Ray IP address on a line naming its
-    host: a task seen on a host is on it, so are the ranks seen on that task.
+    wins), nccl-tests' device table (``#  Rank R … on HOST``), torchrun's
+    failure summaries (``host :`` then ``rank :``), and the line prefixes
+    (:func:`~.origin.line_origin`) that put an srun ``--label`` task, a
+    ``[rankN]:`` rank or a pdsh/Ray IP address on a line naming its host: a
+    task seen on a host is on it, so are the ranks seen on that task.
     A step's node index -> host comes from its ``srun -v`` launch lines and
     ``SLURM_STEP_NODELIST`` (:func:`_node_index`); srun task ids from the
-    launch lines and the ``--label`` prefixes."""
+    launch lines and the ``--label`` prefixes. ``printers`` are the hosts the
+    lines' prefixes name as where each line was printed, the node an
+    environment dump's ``SLURMD_NODENAME`` names and the host of torchrun's
+    failure summary, in order."""
     nodes: list[str] = []
     ranks: dict[int, str] = {}
     nccl: dict[int, tuple[int, str]] = {}
@@ -89,8 +102,14 @@ def parse_layout(lines: Iterable[str]) -> Layout:
     per_node: list[int] = []
     steps: dict[str, list[str]] = {}    # a step (id, or its node list) -> its nodes, in order
     step_tasks: dict[str, dict[int, str]] = {}   # a step -> its task ids' hosts
+    printers: list[str] = []
     summary_host = None
     for line in lines:
+        printer = line_origin(line).host
+        if printer is None and "SLURMD_NODENAME" in line and (match := _NODENAME.search(line)):
+            printer = None if names_no_node(match.group(1)) else match.group(1)
+        if printer and printer not in printers and len(printers) < _PRINTERS_KEPT:
+            printers.append(printer)
         if "NodeList=" in line or "NODELIST" in line:
             for match in _ALLOC.finditer(line):
                 nodes.extend(n for n in _expand(match.group(1)) if n not in nodes)
@@ -117,9 +136,15 @@ def parse_layout(lines: Iterable[str]) -> Layout:
             _prefix_facts(line, tasks, task_ranks, addresses, ranks)
         if "NCCL INFO" in line:
             _nccl_line(line, nccl, addresses)
+        if "#  Rank" in line and (match := _NCCL_TESTS_RANK.search(line)) \
+                and not names_no_node(match.group(2)):
+            ranks.setdefault(int(match.group(1)), match.group(2))
         match = _SUMMARY.match(line) if ":" in line else None
         if match and match.group(1) == "host":
             summary_host = match.group(2)
+            if summary_host not in printers and not names_no_node(summary_host) \
+                    and len(printers) < _PRINTERS_KEPT:
+                printers.append(summary_host)   # the failed rank's node
         elif match and summary_host and match.group(2).isdigit():
             ranks.setdefault(int(match.group(2)), summary_host)
             summary_host = None
@@ -131,7 +156,8 @@ def parse_layout(lines: Iterable[str]) -> Layout:
     _ranks_from_blocks(ranks, nodes, per_node)
     for task, host in _agreed(step_tasks.values()).items():   # after what --label showed
         tasks.setdefault(task, host)
-    return Layout(tuple(nodes), ranks, addresses, tasks, _node_index(steps.values()))
+    return Layout(tuple(nodes), ranks, addresses, tasks, _node_index(steps.values()),
+                  tuple(printers))
 
 
 def _node_index(steps: Iterable[Sequence[str]]) -> dict[int, str]:
@@ -241,7 +267,7 @@ class LayoutLines:
     which a chatty job prints on every step."""
 
     MARKERS = ("NCCL INFO", "NodeList=", "NODELIST", "TASKS_PER_NODE", "launching ",
-               "MPICH ERROR")   # (NODELIST: SLURM_STEP_NODELIST too)
+               "MPICH ERROR", "#  Rank")   # (NODELIST: SLURM_STEP_NODELIST too; nccl-tests)
     LONGEST = 480
 
     def __init__(self, cap: int = 2048) -> None:
@@ -273,7 +299,7 @@ def context_from_lines(lines: Iterable[str], **known) -> AttributionContext:
     layout = parse_layout(lines)
     merged = {"nodes": layout.nodes, "rank_hosts": layout.rank_hosts,
               "addresses": layout.addresses, "task_hosts": layout.task_hosts,
-              "node_index": layout.node_index}
+              "node_index": layout.node_index, "printers": layout.printers}
     for key in ("rank_hosts", "addresses", "task_hosts", "node_index"):
         if key in known:
             merged[key] = {**merged[key], **known.pop(key)}

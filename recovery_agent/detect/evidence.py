@@ -9,12 +9,13 @@ from typing import Sequence
 
 from .context import AttributionContext, _expand
 from .model import Detection, Evidence
-from .origin import line_origin
+from .origin import line_origin, names_no_node
 from .patterns import xid_action, xid_category
 
 __all__ = ["all_detections"]
 
 _BAD_STATE = re.compile(r"DOWN|FAIL|NOT_RESPONDING|NO_RESPOND|\*")
+_IPV4 = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
 
 
 def all_detections(detections: Sequence[Detection],
@@ -59,6 +60,8 @@ def _fill_host(d: Detection, context: AttributionContext) -> Detection:
     if host is None and named is None and context.task_hosts and d.evidence:
         task = line_origin(d.evidence[0].text).task
         host = context.task_hosts.get(task) if task is not None else None
+    if host is not None and names_no_node(host):
+        host = None       # a rank or task placed on a container's id, a placeholder
     if host is not None:
         host = _node_name(host, context)
     return d if host == d.host else replace(d, host=host)
@@ -89,12 +92,14 @@ def _named_elsewhere(d: Detection, context: AttributionContext) -> str | None:
 def _node_name(host: str, context: AttributionContext) -> str:
     """The node a name in the text stands for: through the address map (IP
     addresses, hostnames), else its short name when that is one of the job's
-    nodes (NCCL prints short names, torchrun's summary the FQDN)."""
+    nodes or a host the log's prefixes name (NCCL prints short names, its
+    peers and torchrun's summary the FQDN)."""
     if host in context.addresses:
         return context.addresses[host]
-    if context.nodes and host not in context.nodes and "[" not in host:
+    if "." in host and host not in context.nodes and "[" not in host \
+            and not _IPV4.fullmatch(host):
         short = host.split(".")[0]
-        if short in context.nodes or short in context.addresses:
+        if short in context.nodes or short in context.addresses or short in context.printers:
             return context.addresses.get(short, short)
     return host
 

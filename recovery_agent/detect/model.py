@@ -64,6 +64,7 @@ class Detection:
     role: str = "cause"
     emitter: str = "job"     # the rule's: who prints such a message (patterns.EMITTERS)
     origin: str = ""         # where this one was read (ORIGINS)
+    peer: bool = False       # the rule names the other side: no host is not "the printer"
 
     @property
     def line(self) -> int | None:

@@ -8,17 +8,19 @@ host.name), NCCL's ``host:pid:tid [dev]``, UCX's ``[host:pid:tid]``, Open MPI's
 ``[host:pid]`` and its BTLs' ``[host][[job,vpid],rank]``, hydra's
 ``[proxy:N:N@host]``, srun's ``error: node: task N:``, old slurmd's
 ``slurmd[host]:``, pdsh's and clush's ``host:``, kubectl's
-``[pod/NAME/container]``, a Ray worker's ``ip=``; loopback names and localhost
-name no node, and an EC2-style ``ip-10-1-2-3`` also gives its address), and
-PyTorch's ``[rankN]:`` (or Open MPI's ``[job,N]<stdout>:``) gives the rank when
-the rule names none.
+``[pod/NAME/container]``, a Ray worker's ``ip=``, slurmstepd's ``*** JOB id ON
+node CANCELLED`` notices; loopback names, localhost, redaction placeholders and
+Docker container ids name no node (:func:`names_no_node`), and an EC2-style
+``ip-10-1-2-3`` also gives its address), and PyTorch's ``[rankN]:`` (or its
+default process group's ``[PG 0 Rank N]``, or Open MPI's ``[job,N]<stdout>:``)
+gives the rank when the rule names none.
 """
 from __future__ import annotations
 
 import re
 from typing import NamedTuple
 
-__all__ = ["Origin", "line_origin"]
+__all__ = ["Origin", "line_origin", "names_no_node"]
 
 
 class Origin(NamedTuple):
@@ -64,6 +66,8 @@ _KERNEL_STAMP = re.compile(r"\s*(?:\[ *\d+\.\d+\]|\[" + _DAY + " " + _MONTH
                            + r" {1,2}\d{1,2} [\d:]{8} \d{4}\]"
                            r"|\d{4}-\d\d-\d\dT[\d:]{8},\d+[+-]\d\d:\d\d) ")   # dmesg --time-format iso
 _TASK = re.compile(r"\s*(\d{1,6}): ")
+_CONTROL_DAEMON = re.compile(r"(?:slurmctld|slurmdbd)(?:\[\d+\])?: ")
+_QUOTE = re.compile(r"(?:\s*>)+ ")
 _RANK = re.compile(r"\[rank(\d+)\]: ?")
 # Open MPI's --tag-output [job,rank]<stdout>:, and the BTLs' [host][[job,vpid],rank][file:line:fn]
 _MPI_RANK = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>: ?")
@@ -93,6 +97,25 @@ _NOT_A_HOST = re.compile(r"(?:(?:rank|step|epoch|iter|task|python|cuda)[\d.]*|0x
                          r"|ata|scsi|usb)\d+[\w.]*)$")
 # names that name no node: loopback, syslog's placeholder for an unset hostname
 _NO_NODE = re.compile(r"(?:localhost(?:\.localdomain)?|127(?:\.\d{1,3}){3}|\(none\))", re.I)
+# names that stand for no machine one could exclude: what a poster puts in place
+# of a redacted hostname (user, hostname, SERVER_NAME, a digitless name with xxx
+# in it: xxx.xxx.xxx.xxx, gpu-xxx; "xxxx108" keeps the node's number),
+# and a container's own hostname, which Docker sets to the first 12 hex digits
+# of its id (the node the container ran on is not named)
+_PLACEHOLDER = re.compile(r"(?:user(?:name)?|(?:my|your)?host(?:name)?|node(?:name)?|server"
+                          r"|machine|computer|redacted|hidden|anonymi[sz]ed|\w*_name"
+                          r"|(?=\D*$)(?:[\w.-]*xxx[\w.-]*|[\w.-]*\*{3}[\w.*-]*))"
+                          r"|(?=[a-f]*\d)(?=\d*[a-f])[0-9a-f]{12}(?:[0-9a-f]{52})?", re.I)
+# slurmstepd's cancel notices name the node the step daemon runs on in the
+# message: "*** JOB|STEP ID ON NODE CANCELLED AT TIME [DUE TO ...] ***"; older
+# releases put the node last ("*** JOB ID CANCELLED AT TIME *** on NODE",
+# "... DUE TO TIME LIMIT on NODE ***")
+_STEPD_NODE = re.compile(r"\*\*\* (?:JOB|STEP) \S+ (?:ON (" + _HOST + r") CANCELLED AT "
+                         r"|CANCELLED AT \S+ (?:[A-Z ]+ )?(?:\*\*\* )?on (" + _HOST + r")\b)")
+# PyTorch's ProcessGroupNCCL log prefix for the default group names the global rank:
+# "[PG 0 Rank 3]" (2.2, 2.3), "[PG ID 0 PG GUID 0(default_pg) Rank 3]" (2.4 on);
+# another group's rank is its own numbering, not the global one
+_PG_RANK = re.compile(r"\[PG (?:0|ID 0 PG GUID 0\(default_pg\)) Rank (\d+)\] ")
 # a hostname that spells its IP address: EC2's ip-10-1-2-3, pods' 10-1-2-3
 _DASHED_IP = re.compile(r"(?:ip-)?(\d{1,3})-(\d{1,3})-(\d{1,3})-(\d{1,3})(?:\..*)?")
 # a monitoring wrapper's label: host="n1" (Loki, Prometheus), "nodeName":"n1" (JSON),
@@ -112,13 +135,19 @@ def line_origin(line: str) -> Origin:
     host = address = None
     rank = task = None
     pos, kernel = 0, False
+    quoted = _QUOTE.match(line)   # a log quoted in a mail or a markdown thread
+    if quoted:
+        pos = quoted.end()
     for _ in range(10):
         while pos < len(line) and line[pos] in " \t":
             pos += 1
         found = (_SYSLOG.match(line, pos) or _SYSLOG_5424.match(line, pos)
                  or _JOURNAL_CLOCK.match(line, pos))
         if found:
-            host, pos = found.group(1), found.end()
+            # the controller's own log: the host is the control node, which is
+            # not where the nodes its lines speak of are
+            control = _CONTROL_DAEMON.match(line, found.end(1) + 1)
+            host, pos = (None if control else found.group(1)), found.end()
             continue
         found = _STAMP.match(line, pos)
         if found is None and (found := _KERNEL_STAMP.match(line, pos)):
@@ -150,8 +179,20 @@ def line_origin(line: str) -> Origin:
     if host is None and address is None and pos < len(line):
         found = _SYSLOG_QUOTED.search(line, pos) or _LABEL.search(line, pos)
         host = found.group(1) if found else None
-    host = None if host is None or _NO_NODE.fullmatch(host) else host.rstrip(".")
-    address = None if address is None or _NO_NODE.fullmatch(address) else address
+        if found is None and "***" in line and (found := _STEPD_NODE.search(line, pos)):
+            host = found.group(1) or found.group(2)
+    if rank is None and "Rank " in line and (found := _PG_RANK.search(line, pos)):
+        rank = int(found.group(1))
+    host = None if host is None or names_no_node(host) else host.rstrip(".")
+    address = None if address is None or names_no_node(address) else address
     if host and address is None and (spelt := _DASHED_IP.fullmatch(host)):
         address = ".".join(spelt.groups())
     return Origin(host or address, rank, task, address)
+
+
+def names_no_node(name: str) -> bool:
+    """Whether a name the text gives for a machine names none a verdict could
+    exclude: loopback, an unset hostname, a redaction placeholder, a
+    container id standing in for a hostname."""
+    name = name.rstrip(".")
+    return bool(_NO_NODE.fullmatch(name) or _PLACEHOLDER.fullmatch(name))

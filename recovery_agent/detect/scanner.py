@@ -42,7 +42,7 @@ from slurm_hooks import kmsg
 
 from .engines import TRACEBACK, make_engine
 from .model import Detection, Evidence
-from .origin import _NO_NODE, line_origin
+from .origin import line_origin, names_no_node
 from .patterns import Rule, xid_action, xid_category
 from .tracebacks import TB_MAX_LINES, TB_MAX_OTHER, _Summary, _Traceback, _traceback_kind
 
@@ -149,8 +149,8 @@ class Scanner:
             severity = _SEVERITY_BY_ACTION[action]
             pci = pci or (event or {}).get("pci")
         host, rank = groups.get("host") or None, _int(groups.get("rank"))
-        if host and _NO_NODE.fullmatch(host):
-            host = None   # a loopback peer names no node (and the rule still names a peer)
+        if host and names_no_node(host):
+            host = None   # a loopback or redacted peer names no node (the rule still names a peer)
         if "host" not in rule.compiled.groupindex or rank is None:
             origin = line_origin(line)   # the node (and rank) the line's prefixes name
             if "host" not in rule.compiled.groupindex:
@@ -161,7 +161,7 @@ class Scanner:
                          action_hint=action, evidence=evidence, host=host,
                          rank=rank, pci=pci, gpu=gpu, xid=xid,
                          detail=detail or rule.description, role=rule.role,
-                         emitter=rule.emitter)
+                         emitter=rule.emitter, peer="host" in rule.compiled.groupindex)
 
 
 class ScanStream:

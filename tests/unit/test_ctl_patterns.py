@@ -65,10 +65,10 @@ def test_json_is_one_object_per_file_in_the_documented_shape(logs):
     assert all(set(d) == {"rule", "category", "line", "host"} for d in xid["detections"])
     assert xid["verdict"] == {"category": "gpu_hardware", "action": "requeue_exclude",
                               "nodes": ["gpu-q12"]}
-    # the requeue banner is noted (information), nothing fires
+    # the requeue banner is noted (information) with the node slurmstepd names, nothing fires
     assert benign == {"file": str(logs["benign.log"]),
                       "detections": [{"rule": "slurm.requeued", "category": "system_software",
-                                      "line": 3, "host": None}],
+                                      "line": 3, "host": "gpu-q12"}],
                       "verdict": {"category": None, "action": "none", "nodes": []}}
 
 

@@ -153,16 +153,18 @@ PREFIXES = [
     # an EC2 head node's syslog (aws/aws-parallelcluster#2701)
     ("Apr 30 13:26:32 ip-10-0-33-4 pcluster_ssh_target_checker: Target Host github.com is not in "
      "any VPC CIDR 10.0.0.0/16", "ip-10-0-33-4", None, None),
-    # journalctl -o json quoted by a shipper (pantheon-systems/journal-2-logstash README)
+    # journalctl -o json quoted by a shipper (pantheon-systems/journal-2-logstash README):
+    # its _HOSTNAME is a Docker container's id, which names no node
     ('logger_1   | 2016/02/12 18:19:15 [DEBUG] Received from journal: { "__CURSOR" : '
      '"s=aae5e906525c4c00be5e9d5026bbf40a;i=35c;b=7f0ea6b7d19f47f9a9bc928f32512ae7;m=ddc296aab;'
      't=52b96b46b549a;x=e92c6b237a40211b", "__REALTIME_TIMESTAMP" : "1455301155574938", '
      '"__MONOTONIC_TIMESTAMP" : "59528276651", "_BOOT_ID" : "7f0ea6b7d19f47f9a9bc928f32512ae7", '
      '"PRIORITY" : "6", "_UID" : "0", "_GID" : "0", "_MACHINE_ID" : '
      '"9d52a846ee1a4be2b2d6e563162c6aa3", "_HOSTNAME" : "63c73cd1ec2e", "_TRANSPORT" : "stdout", '
-     '"MESSAGE" : "hello there", "_PID" : "97", "_COMM" : "cat" } }', "63c73cd1ec2e", None,
+     '"MESSAGE" : "hello there", "_PID" : "97", "_COMM" : "cat" } }', None, None,
      None),
-    # an Elastic (ECS) record's host.name (elastic/apm-server#9846)
+    # an Elastic (ECS) record's host.name (elastic/apm-server#9846): a container's id
+    # ("containerized":true), which names no node
     ('        {"log.level":"info","@timestamp":"2022-12-19T09:04:29.432Z","message":"Host info",'
      '"component":{"binary":"filebeat","dataset":"elastic_agent.filebeat","id":'
      '"filestream-monitoring","type":"filestream"},"log.logger":"beat","log.origin":'
@@ -172,7 +174,7 @@ PREFIXES = [
      '"5.4.0-1096-gcp","mac":["02:42:ac:12:00:05"],"name":"71d9b4dc0964","os":{"codename":'
      '"focal","family":"debian","major":20,"minor":4,"name":"Ubuntu","patch":5,"platform":'
      '"ubuntu","type":"linux","version":"20.04.5 LTS (Focal Fossa)"},"timezone":"UTC",'
-     '"timezone_offset_sec":0}},"ecs.version":"1.6.0"}', "71d9b4dc0964", None, None),
+     '"timezone_offset_sec":0}},"ecs.version":"1.6.0"}', None, None, None),
 ]
 
 # benign prefixes that name no node (each a real line)
