@@ -91,6 +91,8 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
         self._path_users: dict[str, int] = {}       # followed path -> watches using it
         self._node_map: tuple[float, dict[str, str]] = (float("-inf"), {})
         self.node_states = NodeStates(cfg, store, scheduler)   # the node state history
+        if decider is not None:   # its cluster size may come from the poll's listing
+            decider.polled_nodes = lambda: self.node_states.listing
 
     def cycle(self) -> int:
         """Run one cycle; return how many detections it stored."""

@@ -210,12 +210,15 @@ def run_size(n: int, cycles: int, active: int, out: multiprocessing.Queue,
     proc.terminate()
     if profile:
         import pstats
+        if os.environ.get("BENCH_PSTATS"):   # for pstats' callers/callees afterwards
+            prof.dump_stats(os.environ["BENCH_PSTATS"])
         pstats.Stats(prof, stream=sys.stderr).sort_stats(os.environ.get("BENCH_SORT", "tottime")).print_stats(int(os.environ.get("BENCH_TOP", "30")))
     attempts = store.db["attempts"].count
     store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     size = (tmp / "recovery.db").stat().st_size
     out.put({"jobs": n, "active_files": min(active, n),
-             "cpu_s": statistics.median(cpu), "wall_s": statistics.median(wall),
+             "cpu_s": statistics.median(cpu), "cpu_per_cycle": [round(c, 3) for c in cpu],
+             "wall_s": statistics.median(wall),
              "rss_mb": _rss_mb("VmHWM"), "rss_now_mb": _rss_mb("VmRSS"),
              "store_bytes_per_1000_attempts": size / max(attempts, 1) * 1000,
              "slurm_calls_per_cycle": statistics.median(calls),
