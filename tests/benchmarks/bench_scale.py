@@ -175,6 +175,7 @@ def run_size(n: int, cycles: int, active: int, out: multiprocessing.Queue,
         import cProfile
         prof = cProfile.Profile()
     cpu, wall, calls = [], [], []
+    backlog = []   # files whose lines the tailer's budgets left unread, after each cycle
     failed: set[int] = set()
     for cycle in range(cycles + 2):
         begun = time.monotonic()
@@ -203,6 +204,7 @@ def run_size(n: int, cycles: int, active: int, out: multiprocessing.Queue,
         if profile and cycle >= 2:
             prof.disable()
         if cycle >= 2:
+            backlog.append(watcher.tailer.backlog)
             cpu.append(c1 - c0)
             wall.append(w1 - w0)
             calls.append(runner.total_calls() - before_calls)
@@ -218,6 +220,7 @@ def run_size(n: int, cycles: int, active: int, out: multiprocessing.Queue,
     size = (tmp / "recovery.db").stat().st_size
     out.put({"jobs": n, "active_files": min(active, n),
              "cpu_s": statistics.median(cpu), "cpu_per_cycle": [round(c, 3) for c in cpu],
+             "tailer_backlog": backlog,
              "wall_s": statistics.median(wall),
              "rss_mb": _rss_mb("VmHWM"), "rss_now_mb": _rss_mb("VmRSS"),
              "store_bytes_per_1000_attempts": size / max(attempts, 1) * 1000,
