@@ -29,6 +29,7 @@ from ..store import Recommendation, Status, Store
 log = logging.getLogger(__name__)
 NODE_ACTIONS = ("drain_node", "resume_node")
 MODE_OVERRIDES = "mode_overrides"   # the agent-state key of recovery-ctl mode's changes
+SIZE_TTL = 60.0   # seconds a listing's node count serves the exclusion check
 
 
 def mode_overrides(store: Store) -> dict[str, str]:
@@ -57,6 +58,9 @@ class Decider:
         self.mono = mono
         self._drained_at: deque[float] = deque()   # this process's drains, monotonic
         self.on_new_work: list = []   # callables: wake the actuator
+        # a callable giving the node state poll's last listing, (time, nodes) or
+        # None (the watch loop's, set by it): a listing the cluster size may take
+        self.polled_nodes = None
 
     # -- the job's limits and history -------------------------------------
     def limits(self, spec: specs.RecoverySpec) -> Limits:
@@ -143,8 +147,16 @@ class Decider:
                          interconnect_strikes=ic, cluster_nodes=self._cluster_size())
 
     def _cluster_size(self) -> int | None:
+        """How many nodes Slurm lists, from a listing under SIZE_TTL seconds
+        old: the last one made here, or the node state poll's when that is
+        newer (one parse of a 10,000-node listing serves both)."""
+        now = self.clock()
         cached = getattr(self, "_size", None)
-        if cached and self.clock() - cached[1] < 60:
+        polled = self.polled_nodes() if self.polled_nodes is not None else None
+        if polled is not None and polled[1] and 0 <= now - polled[0] < SIZE_TTL and (
+                not cached or polled[0] > cached[1]):
+            cached = self._size = (len(polled[1]), polled[0])
+        if cached and now - cached[1] < SIZE_TTL:
             return cached[0]
         if self.scheduler is None:
             return None

@@ -278,9 +278,11 @@ class LayoutLines:
     def feed(self, text: str) -> None:
         if len(self.lines) >= self.cap:
             return
-        if any(marker in text for marker in self.MARKERS):
-            self.lines.append(text[:self.LONGEST])
-        elif self._ranked < self.cap // 8 and ("[rank" in text or (
+        for marker in self.MARKERS:   # (a plain loop: this runs on every line)
+            if marker in text:
+                self.lines.append(text[:self.LONGEST])
+                return
+        if self._ranked < self.cap // 8 and ("[rank" in text or (
                 text.lstrip()[:4] in ("host", "rank") and _SUMMARY.match(text))):
             self._ranked += 1
             self.lines.append(text[:self.LONGEST])

@@ -185,6 +185,17 @@ _WORLD = re.compile(r"\b(?:world[_ ]size|SLURM_NTASKS|SLURM_NPROCS)\b\s*[=:]?\s*
                     re.IGNORECASE)
 
 
+def _folded(line: str) -> str:
+    """``line`` case-folded for a cheap test before a case-blind regex: a
+    line the regex can match holds the regex's literal words in this form.
+    (``re.IGNORECASE`` also takes the dotted and the dotless capital and small
+    I for ``i``, which folding leaves apart: they become ``i`` here.)"""
+    low = line.casefold()
+    if not low.isascii():
+        low = low.replace("i\u0307", "i").replace("\u0131", "i")
+    return low
+
+
 def rank_of(line: str) -> int | None:
     """The global rank a line names, else the srun task label it starts with."""
     match = _RANK.search(line)
@@ -210,10 +221,15 @@ def host_of(line: str, nodes: Iterable[str] = ()) -> str | None:
     """The host a line names, if any. ``nodes`` (the job's node list) lets
     digitless names through and maps ``gpu07.cluster`` to ``gpu07``."""
     nodes = tuple(nodes)
-    for match in _HOST.finditer(line):
-        host = _known_host(match.group(1), nodes)
-        if host:
-            return host
+    low = _folded(line)
+    # _HOST's words all hold "host", "node" or "topology_addr"; _RANK_WORLD_HOST's "rank"
+    if "host" in low or "node" in low or "topology_addr" in low:
+        for match in _HOST.finditer(line):
+            host = _known_host(match.group(1), nodes)
+            if host:
+                return host
+    if "rank" not in low:
+        return None
     match = _RANK_WORLD_HOST.search(line)
     if match and match.group(3):
         return _known_host(match.group(3), nodes)
@@ -311,27 +327,37 @@ _NUM = r"(\d+(?:\.\d+)?)"
 # (regex, how to turn its number into seconds per step). Rates become their
 # inverse: only the ratio between ranks matters, and every rank of a job logs
 # the same shape.
-_STEP_TIMES: tuple[tuple[re.Pattern[str], object], ...] = (
+_STEP_TIMES: tuple[tuple[re.Pattern[str], object, str, bool], ...] = (
+    # (each with a literal its matches hold, and whether to look for it case-blind)
     # Megatron-LM: "elapsed time per iteration (ms): 812.3"
-    (re.compile(r"elapsed time per iteration \(ms\):\s*" + _NUM), lambda v: v / 1000.0),
+    (re.compile(r"elapsed time per iteration \(ms\):\s*" + _NUM), lambda v: v / 1000.0,
+     "elapsed time per iteration (ms):", False),
     # NeMo: "train_step_timing in s=0.512"
-    (re.compile(r"\bstep_timing(?: in s)?\s*[=:]\s*" + _NUM), lambda v: v),
+    (re.compile(r"\bstep_timing(?: in s)?\s*[=:]\s*" + _NUM), lambda v: v, "step_timing", False),
     # generic: "step_time=0.52s", "iter time: 520 ms", "time/step 0.5", "step time 0.4s"
     (re.compile(r"\b(?:(?:step|iter(?:ation)?)[ _-]?time|time[ _/-]?per[ _-]?(?:step|iter)"
                 r"|time/(?:step|iter))\b\s*(?:\(s\))?\s*[=:]?\s*" + _NUM + r"\s*(ms|s)?\b",
-                re.IGNORECASE), None),
+                re.IGNORECASE), None, "time", True),
     # tqdm / Lightning progress bars: "0.52s/it", "3.32it/s"
-    (re.compile(_NUM + r"\s*s/it\b"), lambda v: v),
-    (re.compile(_NUM + r"\s*it/s\b"), lambda v: 1.0 / v if v > 0 else None),
+    (re.compile(_NUM + r"\s*s/it\b"), lambda v: v, "s/it", False),
+    (re.compile(_NUM + r"\s*it/s\b"), lambda v: 1.0 / v if v > 0 else None, "it/s", False),
     # DeepSpeed throughput: "CurrSamplesPerSec=118.2"
-    (re.compile(r"\bCurrSamplesPerSec\s*=\s*" + _NUM), lambda v: 1.0 / v if v > 0 else None),
+    (re.compile(r"\bCurrSamplesPerSec\s*=\s*" + _NUM), lambda v: 1.0 / v if v > 0 else None,
+     "CurrSamplesPerSec", False),
 )
 
 
 def parse_step_time(line: str, nodes: Iterable[str] = ()) -> StepSample | None:
     """The step time a line reports, with the rank and host it names; None when
     the line carries no step time or names neither a rank nor a host."""
-    for pattern, convert in _STEP_TIMES:
+    low = None
+    for pattern, convert, literal, blind in _STEP_TIMES:
+        if blind:
+            low = _folded(line) if low is None else low
+            if literal not in low:
+                continue
+        elif literal not in line:
+            continue
         match = pattern.search(line)
         if not match:
             continue

@@ -58,6 +58,9 @@ def line_time(text: str, read_at: float, earliest: float | None = None,
     its head, or one after ``read_at`` + :data:`SKEW` or before ``earliest``
     − :data:`SKEW` (the attempt's start). A stamp without a zone is read in
     ``zone`` (None: this host's)."""
+    # a stamp holds both: most lines are settled here, before the regex
+    if text.find("-", 0, HEAD) < 0 or text.find(":", 0, HEAD) < 0:
+        return None
     match = _STAMP.search(text, 0, HEAD)
     if match is None:
         return None

@@ -96,7 +96,7 @@ class Job:
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Node:
     """One compute node. ``state`` is the base state (``IDLE``, ``MIXED``, ...);
     ``flags`` are the modifiers (``DRAIN``, ``NOT_RESPONDING``, ...)."""

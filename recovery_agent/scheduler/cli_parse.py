@@ -15,6 +15,7 @@ them recorded output.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -421,17 +422,61 @@ def _reason_holds(state: str, flags: frozenset[str]) -> bool:
     return state in _REASON_STATES or bool(flags & _REASON_FLAGS)
 
 
-def node_from_json(raw: Mapping[str, Any]) -> Node:
-    """One entry of a per-node list (22.05 ``sinfo --json``, ``scontrol --json show node``)."""
-    state, flags = split_state(raw.get("state"), NODE_BASE_STATES)
-    flags = flags | frozenset(str(f).upper() for f in raw.get("state_flags") or [])
-    held = _reason_holds(state, flags)
+def _state_key(value: Any) -> Any:
+    """``value`` (a state or a flag list as printed) in a hashable form that
+    keeps apart what :func:`split_state` tells apart; None when it has none."""
+    if isinstance(value, str):
+        return value
+    if value is None or isinstance(value, list) and not value:
+        return ()    # split_state reads None and [] alike
+    if isinstance(value, (list, tuple)) and all(isinstance(p, str) for p in value):
+        return tuple(value)
+    return None
+
+
+@functools.lru_cache(maxsize=512)
+def _node_state(state: Any, state_flags: Any) -> tuple[str, frozenset[str], bool]:
+    """(base state, flags, whether the reason holds) of a node's ``state`` and
+    ``state_flags`` in :func:`_state_key`'s form. A cluster's nodes share a
+    handful of states, so each is worked out once, and its nodes share one
+    frozenset of flags."""
+    base, flags = split_state(list(state) if isinstance(state, tuple) else state,
+                              NODE_BASE_STATES)
+    flags = flags | frozenset(str(f).upper() for f in state_flags)
+    return base, flags, _reason_holds(base, flags)
+
+
+def _once(shared: dict, value: Any) -> Any:
+    """``value``, or the equal value ``shared`` holds already."""
+    try:
+        return shared.setdefault(value, value)
+    except TypeError:   # unhashable (not a shape Slurm prints): kept as it is
+        return value
+
+
+def node_from_json(raw: Mapping[str, Any], shared: dict | None = None) -> Node:
+    """One entry of a per-node list (22.05 ``sinfo --json``, ``scontrol --json show node``).
+    ``shared``: a dict that one listing's calls pass along, so that values
+    its nodes repeat (an address, gres, a partition list) are held once."""
+    value, listed = raw.get("state"), raw.get("state_flags") or []
+    key, flags_key = _state_key(value), _state_key(listed)
+    if key is None or flags_key is None:   # an odd shape: worked out here, not kept
+        state, flags = split_state(value, NODE_BASE_STATES)
+        flags = flags | frozenset(str(f).upper() for f in listed)
+        held = _reason_holds(state, flags)
+    else:
+        state, flags, held = _node_state(key, flags_key)
+    partitions = tuple(raw.get("partitions") or ())
+    gres, address = raw.get("gres") or "", raw.get("address") or ""
+    if shared is not None:
+        partitions, gres, address = (_once(shared, partitions), _once(shared, gres),
+                                     _once(shared, address))
     return Node(name=raw.get("name") or "", state=state, flags=flags,
                 reason=(raw.get("reason") or "") if held else "",
                 reason_user=(raw.get("reason_set_by_user") or "") if held else "",
                 reason_time=timestamp(raw.get("reason_changed_at")) if held else None,
-                partitions=tuple(raw.get("partitions") or ()), gres=raw.get("gres") or "",
-                address=raw.get("address") or "", hostname=raw.get("hostname") or "")
+                partitions=partitions, gres=gres,
+                address=address, hostname=raw.get("hostname") or "")
 
 
 def nodes_from_sinfo_groups(groups: Iterable[Mapping[str, Any]]) -> list[Node]:
@@ -475,7 +520,8 @@ def parse_nodes(doc: Mapping[str, Any]) -> list[Node]:
     """Nodes from any shape of ``sinfo --json`` or ``scontrol --json show node``."""
     listing_errors(doc, "sinfo --json")
     if "nodes" in doc:
-        return [node_from_json(raw) for raw in doc.get("nodes") or []]
+        shared: dict = {}
+        return [node_from_json(raw, shared) for raw in doc.get("nodes") or []]
     return nodes_from_sinfo_groups(doc.get("sinfo") or [])
 
 
@@ -491,13 +537,13 @@ def parse_nodes_text(text: str | bytes, loads: Callable[[Any], Any] = json.loads
     if not isinstance(head, Mapping):
         raise ValueError("not a sinfo --json document")
     listing_errors(head, "sinfo --json")
-    nodes = []
+    nodes, shared = [], {}
     for piece in pieces:
         try:
             raw = loads(_braced(piece))
         except ValueError:
             return parse_nodes(loads(text))
-        nodes.append(node_from_json(raw))
+        nodes.append(node_from_json(raw, shared))
     return nodes
 
 

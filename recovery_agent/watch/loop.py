@@ -94,6 +94,8 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
         self._node_map: tuple[float, dict[str, str]] = (float("-inf"), {})
         self.node_states = NodeStates(cfg, store, scheduler)   # the node state history
         self._moves_cursor: int | None = None   # the last degradation record planned for
+        if decider is not None:   # its cluster size may come from the poll's listing
+            decider.polled_nodes = lambda: self.node_states.listing
 
     def cycle(self) -> int:
         """Run one cycle; return how many detections it stored."""
