@@ -15,7 +15,8 @@ class _Watch:
 
     __slots__ = ("path", "key", "ino", "pos", "last", "start", "lineno", "partial", "capped",
                  "mark", "mark_lineno", "gone", "sig", "fd", "error", "behind", "served",
-                 "saved", "rights", "reported", "skipped", "skip_said", "folder", "name")
+                 "saved", "rights", "reported", "skipped", "skip_said", "folder", "name",
+                 "looked", "written")
 
     def __init__(self, path: str, key: str, cursor: Cursor | None,
                  rights: Rights | None = None) -> None:
@@ -39,6 +40,8 @@ class _Watch:
         self.behind = False            # unread bytes left by the budget
         self.served = 0                # the poll that last read it
         self.saved = cursor
+        self.looked: float | None = None   # wall time of the last poll's look at it
+        self.written: float | None = None  # when the lines read this poll were written
 
     def restart(self, ino: int) -> None:
         self.ino, self.pos, self.start, self.lineno = ino, 0, 0, 0

@@ -69,6 +69,23 @@ MAX_BACKLOG = 16 << 20       # a file further ahead than this is skipped to its 
 KEEP_TAIL = 2 << 20          # bytes kept at the end of a skipped file
 
 
+# How far behind our clock a file's mtime may be and still be believed: the
+# storage's clock (a file server's) against this host's, kept by NTP.
+MTIME_SLACK = 1.0
+
+
+def written_at(mtime: float, looked: float | None, now: float) -> float | None:
+    """When the bytes of a file that changed since our last look were last
+    written: its mtime, which no line of them postdates, so a line stamped
+    with it is never older than it is (a hang's clock never runs ahead). The
+    mtime is the storage's clock, so it is believed only between our last
+    look (less MTIME_SLACK: the change came after it) and now; outside that,
+    or on a first look, None (stamp with the time of reading)."""
+    if looked is None or not looked - MTIME_SLACK <= mtime <= now:
+        return None
+    return mtime
+
+
 class Tailer(Reading, Descriptors):
     """Follow many files by path; see the module docstring."""
 
@@ -182,9 +199,11 @@ class Tailer(Reading, Descriptors):
         first in line then)."""
         self._polls += 1
         deadline = time.monotonic() + self.time_budget
+        wall = time.time()
         todo = []
         any_behind = False
         for w in self._watches.values():
+            before, w.looked, w.written = w.looked, wall, None
             try:
                 st = self._look(w)
             except FileNotFoundError:
@@ -199,6 +218,7 @@ class Tailer(Reading, Descriptors):
                 self._fail(w, exc)
                 continue
             if w.behind or w.sig != (st.st_ino, st.st_size, st.st_mtime_ns):
+                w.written = written_at(st.st_mtime, before, wall)
                 todo.append((w, st))
                 any_behind = any_behind or w.behind
         if any_behind:  # least recently served first, so no file starves
@@ -222,6 +242,13 @@ class Tailer(Reading, Descriptors):
                     break
         if time.monotonic() - self._last_save >= self.save_interval:
             self.save()
+
+    def written(self, path: str) -> float | None:
+        """When the lines this poll read from ``path`` were written, at the
+        latest (see :func:`written_at`); None when the file's time cannot be
+        trusted or the path is not followed."""
+        w = self._watches.get(path)
+        return w.written if w is not None else None
 
     def flush_partial(self, path: str | os.PathLike) -> list[LogLine]:
         """Read ``path`` to its end and deliver its last line even without a

@@ -172,9 +172,16 @@ class AttemptLines:
         straggler, ckpt, steps = watch.straggler, watch.ckpt, watch.steps
         hang = watch.hang if watch.hang.enabled else None   # off: nothing to feed it
         layout = watch.layout
+        at = now
+        if hang is not None and self.mtime_stamps:
+            # the hang's clock: when the lines were written (the file's mtime,
+            # no later than any of them), not when this poll read them, so a
+            # silence is measured from the last output and found on time
+            written = self.tailer.written(path)
+            at = written if written is not None and written <= now else now
         for line in run:
             if hang is not None:
-                hang.feed(now, line.text, path, line.lineno)
+                hang.feed(at, line.text, path, line.lineno)
             straggler.feed(now, line.text)
             ckpt.feed(now, line.text, watch.started)
             steps.feed(now, line.text, watch.started)

@@ -60,6 +60,9 @@ class Watcher(AttemptLines, RunningChecks, Verdicts):
         self.decider = decider
         self.provider = provider   # a site attribution provider (detect.provider)
         self.scanner, self.tailer, self.clock = scanner, tailer, clock
+        # output lines are stamped with their file's mtime only on the wall
+        # clock, the one file times are in (tests may run the loop on another)
+        self.mtime_stamps = clock is time.time
         self.sources: SourceFeed | None = None
         if sources is not None:
             self.sources = SourceFeed(sources, scanner, settle=cfg.sources.ingest_delay
