@@ -3,7 +3,8 @@ packs (issue 15, build item 1): the socket address checks (NCCL_SOCKET_IFNAME
 naming no interface, a malformed NCCL_COMM_ID), topology detection that finds
 no PCI path in sysfs or a topology XML missing an attribute, NCCL 2.3-2.4's
 CUDA IPC open between ranks wrongly taken for one node, and NCCL 2.13-2.18's
-libcuda.so probe, which is noise NCCL carries on after.
+libcuda.so probe, which is noise NCCL carries on after, and NVML not seeing
+a GPU another rank of the same node uses (per-rank GPU isolation).
 
 Every line is a real one, quoted in the public source named above it (the
 rule's comment in etc/patterns/nccl.toml names it too); none is built from a
@@ -61,6 +62,17 @@ IPC_OPEN = "node1:22671:22795 [1] transport/p2p.cu:431 WARN failed to open CUDA 
 # horovod/horovod#610, the same run's plugin probe
 IBVERBS_PROBE = "localhost:27896:27933 [1] misc/ibvwrap.cu:61 WARN Failed to open libibverbs.so[.1]"
 
+# NVIDIA/nccl#1066 (2.12, each rank sees only its own GPU) and #1529 (two
+# containers on one node, the WARN then graph/xml.cc's -> 2)
+NVML_NOT_FOUND = ("gcn6:1080061:1080359 [0] misc/nvmlwrap.cc:181 NCCL WARN "
+                  "nvmlDeviceGetHandleByPciBusId() failed: Not Found")
+NVML_NOT_FOUND_1529 = ("ucpe-resource033018034100:6896:7103 [1] misc/nvmlwrap.cc:187 NCCL WARN "
+                       "nvmlDeviceGetHandleByPciBusId() failed: Not Found")
+NVML_TRACE_1529 = "ucpe-resource033018034100:6896:7103 [1] NCCL INFO graph/xml.cc:850 -> 2"
+# flexflow/flexflow-serve#71: NCCL skipping NVLink detection and going on
+NVML_SKIP = "nid002080:86174:87702 [2] graph/xml.cc:634 NCCL WARN No NVML device handle. Skipping nvlink detection."
+NVML_SKIP_TRACE = "nid002080:86174:87702 [2] NCCL INFO misc/nvmlwrap.cc:181 -> 2"
+
 # vllm-project/vllm#4411 (NCCL 2.18.1 on WSL2: the probe, then the real failure)
 CUDA_PROBE = ("00127-desktop:212030:212030 [0] misc/cudawrap.cc:179 NCCL WARN Failed to find CUDA "
               "library libcuda.so (NCCL_CUDA_PATH='') : libcuda.so: cannot open shared object file: "
@@ -79,6 +91,8 @@ CUDA_PROBE_OLD = "misc/cudawrap.cc:90 NCCL WARN Failed to find CUDA library in N
     (REALPATH, "nccl.topology_detection_failed", "system_software", "stop"),
     (TOPO_ATTR, "nccl.topology_detection_failed", "system_software", "stop"),
     (IPC_OPEN, "nccl.p2p_ipc_open_failed", "system_software", "stop"),
+    (NVML_NOT_FOUND, "nccl.nvml_peer_gpu_not_visible", "system_software", "stop"),
+    (NVML_NOT_FOUND_1529, "nccl.nvml_peer_gpu_not_visible", "system_software", "stop"),
 ])
 def test_each_new_rule_reads_its_real_line(line, rule, category, action):
     (det,) = dets([line])
@@ -87,7 +101,7 @@ def test_each_new_rule_reads_its_real_line(line, rule, category, action):
 
 
 @pytest.mark.parametrize("line", [IFNAME_INFO, REALPATH_NVSWITCH, TOPO_ATTR_INFO, IBVERBS_PROBE,
-                                  *REALPATH_TRACE])
+                                  *REALPATH_TRACE, NVML_SKIP, NVML_SKIP_TRACE, NVML_TRACE_1529])
 def test_benign_neighbours_fire_nothing(line):
     assert fired([line]) == set()
 
@@ -138,3 +152,11 @@ def test_after_the_probe_the_real_failure_decides():
     assert fired([CUDA_PROBE, CUDA_PROBE_VERSION, CUDA_FAILURE]) == {"nccl.cuda_failure"}
     assert v.category == "cuda_error"
     assert v.action != "requeue_exclude"
+
+
+def test_a_gpu_hidden_from_the_other_local_rank_stops_and_excludes_no_node():
+    # the printer's node is healthy: the launch layout hides the GPUs from
+    # each other, so excluding the node would only move the failure
+    v = verdict([NVML_NOT_FOUND_1529, NVML_TRACE_1529])
+    assert (v.category, v.action) == ("system_software", "stop")
+    assert v.nodes == () and v.gpus == ()
