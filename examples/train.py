@@ -4,7 +4,9 @@
 Launched by ``srun`` (one task per node, see train.sbatch); needs only the Python
 standard library. Ranks share nothing but the checkpoint directory, which must be
 on a file system every node sees. Rank 0 writes ``step-NNNNNN.json`` there every
-``--ckpt-every`` steps; on start every rank resumes from the newest one.
+``--ckpt-every`` steps; on start every rank resumes from the newest one. A
+checkpoint signal (``--ckpt-signal``, SIGUSR1 by default) asks for one more: rank 0
+saves at the end of the step it arrives in, the same way, and training goes on.
 """
 from __future__ import annotations
 
@@ -24,13 +26,16 @@ environment (set by Slurm; defaults suit a run without Slurm):
   SLURM_PROCID, SLURM_NTASKS, SLURM_NODEID   this task's rank, the world size, its node index
   SLURMD_NODENAME, SLURM_JOB_ID              shown in the log lines
   SLURM_RESTART_COUNT                        how often Slurm requeued the job (unset = 0)
+  TRAIN_CKPT_SIGNAL                          the default of --ckpt-signal (USR1, USR2, none)
 
 examples:
   srun python3 train.py --ckpt-dir /shared/ckpt/run1
   srun python3 train.py --ckpt-dir /shared/ckpt/run1 --fail-at-step 120 --fail-rank 1
+  scancel --signal=USR1 JOBID      # every rank: rank 0 saves a checkpoint at its next step
 
 exit status: 0 when training finished, 1 on a (simulated) crash, 143 on SIGTERM.
 """
+CKPT_SIGNALS = {"USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2, "none": None}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds one step takes (default: %(default)s)")
     p.add_argument("--ckpt-every", type=int, default=50,
                    help="rank 0 saves a checkpoint every N steps (default: %(default)s)")
+    p.add_argument("--ckpt-signal", type=_signal_name,
+                   default=os.environ.get("TRAIN_CKPT_SIGNAL") or "USR1",
+                   help="the signal that asks for a checkpoint now: USR1, USR2 or none "
+                        "(default: $TRAIN_CKPT_SIGNAL, else USR1); SIGTERM still exits")
     p.add_argument("--log-every", type=int, default=10,
                    help="print a step line every N steps (default: %(default)s)")
     p.add_argument("--fail-at-step", type=int, metavar="K",
@@ -62,6 +71,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.step_time < 0:
         p.error("--step-time must not be negative")
     return args
+
+
+def _signal_name(text: str) -> str:
+    name = text.strip().upper().removeprefix("SIG")
+    name = "none" if name == "NONE" else name
+    if name not in CKPT_SIGNALS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected one of {', '.join(CKPT_SIGNALS)}")
+    return name
 
 
 def _env_int(name: str, default: int = 0) -> int:
@@ -155,7 +173,29 @@ def exit_on_sigterm(who: str) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def train(args: argparse.Namespace, task: Task) -> int:
+class CheckpointRequest:
+    """A checkpoint signal sets a flag; the training loop takes it at the end of
+    the step, never inside the handler (a save half done when the signal came
+    must not be started again)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.pending = False
+        signum = CKPT_SIGNALS[name]
+        if signum is not None:
+            signal.signal(signum, self._handler)
+
+    def _handler(self, signum: int, frame: object) -> None:
+        self.pending = True
+
+    def take(self) -> bool:
+        """Whether a request came since the last take (and clear it)."""
+        pending, self.pending = self.pending, False
+        return pending
+
+
+def train(args: argparse.Namespace, task: Task,
+          request: CheckpointRequest | None = None) -> int:
     who = f"rank {task.rank}/{task.world} {task.node}"
     args.ckpt_dir.mkdir(parents=True, exist_ok=True)
     log(f"{who} job {task.job_id} node index {task.node_id} started (restart {task.restart})")
@@ -183,7 +223,11 @@ def train(args: argparse.Namespace, task: Task) -> int:
         loss = loss_at(step, task.rank)
         if step % args.log_every == 0 or step == args.steps:
             log(f"{who} step {step}/{args.steps} loss {loss:.4f} (restart {task.restart})")
-        if task.rank == 0 and (step % args.ckpt_every == 0 or step == args.steps):
+        asked = request is not None and request.take()
+        if asked:
+            log(f"{who} step {step}: SIG{request.name} asks for a checkpoint"
+                + (" now" if task.rank == 0 else " (rank 0 saves it)"))
+        if task.rank == 0 and (asked or step % args.ckpt_every == 0 or step == args.steps):
             path = save_checkpoint(args.ckpt_dir, {
                 "step": step, "loss": round(loss, 6), "world": task.world,
                 "job_id": task.job_id, "restart": task.restart,
@@ -199,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     task = Task()
     exit_on_sigterm(f"rank {task.rank}/{task.world} {task.node}")
-    return train(args, task)
+    request = CheckpointRequest(args.ckpt_signal)
+    return train(args, task, request)
 
 
 if __name__ == "__main__":

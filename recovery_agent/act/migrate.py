@@ -68,7 +68,8 @@ class Migrations:
             sent = now
             self.store.add_step(rec.id, "ckpt_wait", "started",
                                 f"a new checkpoint within {bound:.0f}s", ts=now)
-        found = self._checkpoint_since(rec, sent - self.cfg.ledger.time_slack)
+        found = self._checkpoint_since(rec, sent - self.cfg.ledger.time_slack,
+                                       _signal_started(steps) or sent)
         if found is not None:
             self.store.add_step(rec.id, "ckpt_wait", "ok", _seen(found), ts=now)
             self.store.add_event(rec.job, "checkpoint_for_move",
@@ -86,14 +87,51 @@ class Migrations:
         self._save(rec.retrying(rec.tries or 0, min(now + WAIT_POLL, sent + bound)),
                    "next_try")
 
-    def _checkpoint_since(self, rec: Recommendation, since: float) -> dict | None:
-        """The first checkpoint of the decided attempt dated ``since`` or later."""
+    def _checkpoint_since(self, rec: Recommendation, since: float,
+                          signalled: float) -> dict | None:
+        """The decided attempt's first checkpoint that is new since the signal
+        (:func:`new_checkpoint`)."""
         if rec.job is None:
             return None
-        for ckpt in self.store.job_checkpoints(rec.job):
-            if ckpt["attempt"] == rec.restart_at and ckpt["time"] >= since:
-                return ckpt
-        return None
+        return new_checkpoint(self.store.job_checkpoints(rec.job), rec.restart_at, since,
+                              signalled)
+
+
+def new_checkpoint(checkpoints: list[dict], attempt: int | None, since: float,
+                   signalled: float) -> dict | None:
+    """The first of ``attempt``'s checkpoints (``Store.job_checkpoints``
+    entries) that answers the signal sent at ``signalled``: dated ``since``
+    or later (the signal, less the slack for node clocks), not yet recorded
+    by the agent when the signal went out, and newer than every checkpoint
+    that was (a higher step where both steps are known, else a later time).
+
+    The slack alone would take the job's last periodic save, made a moment
+    before the signal, for the answer, and requeue the job while it is still
+    writing the checkpoint it was asked for. A save made within the slack
+    before the signal that the agent reads only after it still counts: it
+    loses at most the slack's worth of work."""
+    mine = [c for c in checkpoints if c["attempt"] == attempt]
+    known = [c for c in mine if c.get("seen") is not None and c["seen"] < signalled]
+    for ckpt in mine:
+        if ckpt["time"] < since or any(ckpt is k for k in known):
+            continue
+        if all(_newer(ckpt, k) for k in known):
+            return ckpt
+    return None
+
+
+def _newer(ckpt: dict, other: dict) -> bool:
+    if ckpt.get("step") is not None and other.get("step") is not None:
+        return ckpt["step"] > other["step"]
+    return ckpt["time"] > other["time"]
+
+
+def _signal_started(steps: list[dict]) -> float | None:
+    """When the checkpoint signal's call began (its first ``started`` row), or None."""
+    for row in steps:
+        if row["step"] == "ckpt_signal" and row["state"] == "started":
+            return float(row["ts"])
+    return None
 
 
 def _wait_started(steps: list[dict]) -> float | None:

@@ -40,9 +40,11 @@ class LedgerQueries:
         return {int(a): int(n) for a, n in rows if n}
 
     def job_checkpoints(self, job_pk: int) -> list[dict]:
-        """Every checkpoint on a job's timeline ({attempt, time, step}), by time:
-        the ``checkpoint`` events (their data's file time, else the time the
-        agent saw it) and each attempt's newest recorded checkpoint."""
+        """Every checkpoint on a job's timeline ({attempt, time, step, seen}),
+        by time: the ``checkpoint`` events (their data's file time, else the
+        time the agent saw it) and each attempt's newest recorded checkpoint.
+        ``seen``: when the agent first recorded it (its first event's time;
+        None for an attempt's checkpoint without an event)."""
         out: dict[tuple, dict] = {}
         for row in self.db["events"].rows_where("job = ? and kind = 'checkpoint'", [job_pk],
                                                 order_by="ts, id"):
@@ -52,8 +54,9 @@ class LedgerQueries:
                 found = _STEP.search(row["message"] or "")
                 step = int(found.group(1)) if found else None
             when = float(data.get("time") or row["ts"])
-            out[(row["attempt"], step, round(when, 3))] = {"attempt": row["attempt"],
-                                                          "time": when, "step": step}
+            out.setdefault((row["attempt"], step, round(when, 3)), {
+                "attempt": row["attempt"], "time": when, "step": step,
+                "seen": float(row["ts"])})
         for row in self.db["attempts"].rows_where("job = ? and ckpt_time is not null",
                                                   [job_pk], select="attempt, ckpt_step, "
                                                   "ckpt_time"):
@@ -62,7 +65,7 @@ class LedgerQueries:
             if not same:
                 out[(row["attempt"], row["ckpt_step"], row["ckpt_time"])] = {
                     "attempt": row["attempt"], "time": float(row["ckpt_time"]),
-                    "step": row["ckpt_step"]}
+                    "step": row["ckpt_step"], "seen": None}
         return sorted(out.values(), key=lambda c: c["time"])
 
     def first_step_times(self, job_pk: int) -> dict[int, float]:

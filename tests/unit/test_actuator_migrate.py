@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 
 from recovery_agent.decide.decider import Decider
+from recovery_agent.act.migrate import new_checkpoint
 from recovery_agent.decide.moves import Mover, node_condition
 from recovery_agent.scheduler.base import Job
 from tests.unit.test_actuator import (JOB_ID, FakeSlurm, Killed, add_job_rec, clock,  # noqa: F401
@@ -90,6 +91,68 @@ def test_an_old_checkpoint_does_not_count(store, clock):
     act.run_once()
     assert store.rec(rec_id).status == "expired"
     assert "requeue_hold" not in slurm.calls
+
+
+def test_the_periodic_save_just_before_the_signal_is_not_the_answer(store, clock):
+    """Found live (tests/integration/test_proactive_live.py): the job's own
+    periodic save, recorded a moment before the signal and dated within the
+    clock slack, was taken for the new checkpoint, and the job was requeued
+    while it was still writing the one it had been asked for."""
+    slurm = MovingSlurm()
+    rec_id = add_move(store, slurm, wait=60)
+    act = make_actuator(store, slurm, clock)
+    job = store.rec(rec_id).job
+    store.add_event(job, "checkpoint", "checkpoint step 400", attempt=0, source="test",
+                    data={"time": clock[0] - 0.7, "step": 400}, ts=clock[0] - 0.5)
+    act.run_once()
+    assert slurm.calls == Counter(signal_job=1)
+    # the same save found again by the ckpt= scan (its file's mtime), after the signal
+    store.add_event(job, "checkpoint", "checkpoint step 400", attempt=0, source="ckpt",
+                    data={"time": clock[0] - 0.6, "step": 400})
+    clock[0] += 6
+    act.run_once()
+    assert slurm.calls == Counter(signal_job=1) and store.rec(rec_id).status == "executing"
+    checkpoint(store, rec_id, clock[0] - 5, step=406)   # the answer, at the next step
+    drive(act, store, rec_id, clock)
+    rec = store.rec(rec_id)
+    assert rec.status == "done" and slurm.calls["requeue_hold"] == 1
+    (ok,) = [s["detail"] for s in store.steps(rec_id)
+             if (s["step"], s["state"]) == ("ckpt_wait", "ok")]
+    assert ok.startswith("checkpoint (step 406) at ")
+
+
+def ckpt(step, time, seen, attempt=0):
+    return {"attempt": attempt, "step": step, "time": time, "seen": seen}
+
+
+@pytest.mark.parametrize("checkpoints, found", [
+    # recorded before the signal, dated within the slack: known, not an answer
+    ([ckpt(400, 99.5, 99.8)], None),
+    # recorded after it and dated after it: the answer
+    ([ckpt(400, 99.5, 99.8), ckpt(406, 100.2, 101.0)], 406),
+    # the known save read again (another source, another time): not newer
+    ([ckpt(400, 99.5, 99.8), ckpt(400, 99.6, 105.0)], None),
+    # nothing recorded before the signal: a save read after it, dated within
+    # the slack, counts (at most the slack's worth of work is lost)
+    ([ckpt(400, 98.0, 101.0)], 400),
+    # older than the slack: never
+    ([ckpt(400, 96.0, 101.0)], None),
+    # another attempt's save does not count
+    ([ckpt(406, 100.2, 101.0, attempt=1)], None),
+    # without steps: a later time than every known one
+    ([ckpt(None, 99.5, 99.8), ckpt(None, 99.5, 101.0), ckpt(None, 100.4, 101.2)], "100.4"),
+    # an attempt's checkpoint with no event (seen unknown) is judged by its date
+    ([ckpt(406, 100.2, None)], 406),
+], ids=["known-periodic", "answer", "known-again", "unseen-in-slack", "too-old",
+        "other-attempt", "no-steps", "no-event"])
+def test_a_new_checkpoint_is_one_the_agent_did_not_know_at_the_signal(checkpoints, found):
+    got = new_checkpoint(checkpoints, 0, since=97.0, signalled=100.0)
+    if found is None:
+        assert got is None
+    elif isinstance(found, str):
+        assert got is not None and f"{got['time']:.1f}" == found
+    else:
+        assert got is not None and got["step"] == found
 
 
 def test_no_checkpoint_within_the_bound_leaves_the_job_alone(store, clock):

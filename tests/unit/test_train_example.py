@@ -137,6 +137,118 @@ def test_sigterm_exits_143_with_a_message(tmp_path):
     assert "rank 0/1 node1 received SIGTERM" in out
 
 
+def running(ckpt: Path, *args: str, rank: int = 0, ntasks: int = 1,
+            env: dict | None = None) -> subprocess.Popen:
+    """A long run (steps of 10 ms, no periodic checkpoint before step 10000)."""
+    return subprocess.Popen(
+        [sys.executable, str(TRAIN_PY), "--ckpt-dir", str(ckpt), "--steps", "10000",
+         "--step-time", "0.01", "--ckpt-every", "10000", "--log-every", "100000", *args],
+        env={**slurm_env(rank=rank, ntasks=ntasks), **(env or {})}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+
+
+def lines_until(proc: subprocess.Popen, text: str, limit: int = 20) -> list[str]:
+    seen = []
+    for _ in range(limit):
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if text in line:
+            return seen
+    raise AssertionError(f"no {text!r} in {seen!r}")
+
+
+def stop(proc: subprocess.Popen) -> tuple[str, str]:
+    try:
+        proc.send_signal(signal.SIGTERM)
+        return proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize("signame, args, env", [
+    ("USR1", (), {}),                                     # the default
+    ("USR2", ("--ckpt-signal", "SIGUSR2"), {}),           # by option, SIG prefix taken
+    ("USR2", (), {"TRAIN_CKPT_SIGNAL": "usr2"}),          # by the environment
+], ids=["default-usr1", "option-usr2", "env-usr2"])
+def test_the_checkpoint_signal_saves_at_the_next_step_and_training_goes_on(
+        tmp_path, signame, args, env):
+    proc = running(tmp_path, *args, env=env)
+    try:
+        lines_until(proc, "starting fresh")
+        time.sleep(0.3)
+        proc.send_signal(getattr(signal, f"SIG{signame}"))
+        asked = lines_until(proc, "asks for a checkpoint")[-1]
+        saved = proc.stdout.readline()
+    finally:
+        out, err = stop(proc)
+    step = int(re.search(r" step (\d+): SIG" + signame + r" asks for a checkpoint now$",
+                         asked).group(1))
+    assert 0 < step < 10000
+    path = tmp_path / f"step-{step:06d}.json"
+    assert saved.rstrip().endswith(f"checkpoint saved: {path} step={step}")
+    assert json.loads(path.read_text())["step"] == step
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]   # one save, no temp file
+    assert proc.returncode == 143, err                            # it trained on until TERM
+    assert "received SIGTERM" in out
+
+
+def test_a_second_signal_saves_again_and_a_resume_starts_there(tmp_path):
+    proc = running(tmp_path)
+    try:
+        lines_until(proc, "starting fresh")
+        steps = []
+        for _ in range(2):
+            time.sleep(0.2)
+            proc.send_signal(signal.SIGUSR1)
+            lines_until(proc, "asks for a checkpoint")
+            steps.append(int(re.search(r"step=(\d+)", proc.stdout.readline()).group(1)))
+    finally:
+        stop(proc)
+    assert steps[0] < steps[1]
+    again = train(tmp_path, "--steps", str(steps[1] + 5), restart=1)
+    assert f"at step {steps[1]} (restart 1)" in again.stdout
+
+
+def test_the_signal_on_another_rank_saves_nothing(tmp_path):
+    proc = running(tmp_path, rank=1, ntasks=2)
+    try:
+        lines_until(proc, "starting fresh")
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGUSR1)
+        asked = lines_until(proc, "asks for a checkpoint")[-1]
+        time.sleep(0.2)
+    finally:
+        out, _ = stop(proc)
+    assert asked.rstrip().endswith("asks for a checkpoint (rank 0 saves it)")
+    assert list(tmp_path.iterdir()) == []
+    assert "checkpoint saved" not in out
+
+
+def test_ckpt_signal_none_installs_no_handler(tmp_path):
+    """No convention: USR1 keeps its default action (the process ends), as for
+    any program that never asked for it."""
+    proc = running(tmp_path, "--ckpt-signal", "none")
+    try:
+        lines_until(proc, "starting fresh")
+        proc.send_signal(signal.SIGUSR1)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGUSR1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_checkpoint_signal_is_refused(tmp_path):
+    run = train(tmp_path, "--ckpt-signal", "HUP")
+
+    assert run.returncode == 2
+    assert "USR1, USR2, none" in run.stderr
+
+
 @pytest.mark.parametrize("bad", [["--steps", "0"], ["--ckpt-every", "0"], ["--step-time", "-1"]])
 def test_bad_flags_are_refused(tmp_path, bad):
     run = train(tmp_path, *bad)
@@ -150,5 +262,6 @@ def test_help_explains_flags_and_environment():
                          text=True, timeout=30)
 
     assert run.returncode == 0
-    for word in ("--ckpt-dir", "--fail-at-step", "SLURM_RESTART_COUNT", "exit status"):
+    for word in ("--ckpt-dir", "--fail-at-step", "--ckpt-signal", "SLURM_RESTART_COUNT",
+                 "TRAIN_CKPT_SIGNAL", "exit status"):
         assert word in run.stdout
