@@ -14,8 +14,9 @@ Failure kinds, taken in turn, one single-node job per case:
 * ``hang``: the job stops printing (``hang=5s``). Expected: kill and requeue.
 
 For each case: *evidence -> detection* is the agent's decision time minus the
-moment the evidence existed (the injection; for a hang, the injection plus the
-5 s hang window, since silence only becomes evidence then); *detection ->
+moment the evidence existed (the injection; for a hang, the job's last line,
+its output file's mtime, plus the 5 s hang window, since silence only becomes
+evidence then); *detection ->
 action done* is the recommendation's completion minus its decision;
 *failure -> running again* is the moment squeue (polled every 0.2 s) shows
 the job RUNNING again minus the injection.
@@ -169,7 +170,13 @@ class Bench:
                         and j, 60)
         time.sleep(2.5)    # a little training first (and a checkpoint for xid)
         failed = self.inject(kind, job, trigger)
-        evidence = failed + (HANG_S if kind == "hang" else 0)
+        evidence = failed
+        if kind == "hang":
+            # the silence began with the job's last line, up to one print
+            # before the injection: the output file's mtime once it stopped
+            time.sleep(1.0)
+            out = self.lay.jobs / f"ours{index}-{kind}-{job_id}.out"
+            evidence = os.stat(out).st_mtime + HANG_S
         result = {"kind": kind, "job": job_id, "node": job.nodes[0]}
         try:
             again = self.wait("running again", lambda: (j := self.job(job_id)) and
