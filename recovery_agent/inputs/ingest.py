@@ -16,6 +16,7 @@ import logging
 import math
 import re
 import time
+from bisect import insort
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -200,6 +201,11 @@ class Ingest:
         self.jobs = jobs
         # thresholds of the degradation score; None scores nothing
         self.proactive = proactive
+        # node -> its GPU readings within the score's window, oldest first:
+        # read from the store once per node, then kept up with each report
+        # (reading every report of the window again made each report cost as
+        # much as all the node's reports before it)
+        self._series: dict[str, list] = {}
         # called with (job row id, attempt, report) for reports that carry
         # log lines, after they are stored (the watch loop scans them)
         self.log_listeners: list = []
@@ -363,25 +369,42 @@ class Ingest:
 
     def _degradation(self, report: dict, report_pk: int, cluster: str) -> None:
         """Score the node's GPUs on the readings of its reports within the
-        window (this one included) and record each GPU whose score changed."""
-        cfg = self.proactive
-        readings = []
-        # received, not created: a report replayed from a spool counts with the
-        # rest; the window then ends at the newest reading's own time
-        for row in self.store.reports_since(report["node"], time.time() - cfg.window - 60):
-            try:
-                gpus = json.loads(row["gpus"] or "[]")
-            except ValueError:
-                continue
-            readings += degradation.readings_from_snapshot(
-                row["node"], row["created"] or row["received"],
-                {"ok": bool(row["gpu_ok"]), "gpus": gpus})
-        for gpu, score in degradation.score_node(readings, cfg).items():
-            record = degradation.score_change(self.store.last_degradation(report["node"], gpu),
-                                              score)
+        window (this one included) and record each GPU whose score changed.
+        A report that reads no counter at all (NVML failed, or a report
+        without the fields) changes nothing the score reads, so it is not
+        scored again; the next report with readings is."""
+        cfg, node = self.proactive, report["node"]
+        now = time.time()
+        mine = degradation.readings_from_snapshot(
+            node, report.get("created") or now, report.get("gpus") or {})
+        if not any(v is not None for r in mine for v in r.values.values()):
+            return
+        since = now - cfg.window - 60
+        series = self._series.get(node)
+        if series is None:
+            # received, not created: a report replayed from a spool counts with
+            # the rest; the window then ends at the newest reading's own time
+            series = []
+            for row in self.store.reports_since(node, since):   # this report included
+                try:
+                    gpus = json.loads(row["gpus"] or "[]")
+                except ValueError:
+                    continue
+                series += degradation.readings_from_snapshot(
+                    row["node"], row["created"] or row["received"],
+                    {"ok": bool(row["gpu_ok"]), "gpus": gpus})
+            series.sort(key=lambda r: r.time)
+        else:
+            for reading in mine:
+                insort(series, reading, key=lambda r: r.time)
+            series = [r for r in series if r.time >= since] if series[0].time < since \
+                else series
+        self._series[node] = series
+        for gpu, score in degradation.score_node(series, cfg).items():
+            record = degradation.score_change(self.store.last_degradation(node, gpu), score)
             if record is not None:
                 self.store.add_degradation(cluster, record, report_pk)
-                log.info("node=%s gpu=%s: degradation %s -> %s (%s)", report["node"], gpu,
+                log.info("node=%s gpu=%s: degradation %s -> %s (%s)", node, gpu,
                          record["previous_level"], record["level"],
                          ", ".join(r["rule"] for r in record["rules"]) or "no rule fires")
 
