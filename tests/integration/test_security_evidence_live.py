@@ -35,11 +35,16 @@ def decided(agent, job_id: str):
     row = job_row(agent, job_id)
     if row is None:
         return None
-    recs = agent.query("select action, status, exclude, target_nodes, scope from "
-                       "recommendations where job = ?", row[0])
+    # the verdict first: the decider writes it with its recommendations in one
+    # transaction, so once it shows they do (read the other way round, a commit
+    # between the two reads gave a verdict with no recommendations)
     verdicts = agent.query("select data from events where job = ? and kind = 'verdict'",
                            row[0])
-    return (row, recs, verdicts) if verdicts else None
+    if not verdicts:
+        return None
+    recs = agent.query("select action, status, exclude, target_nodes, scope from "
+                       "recommendations where job = ?", row[0])
+    return row, recs, verdicts
 
 
 @pytest.mark.parametrize("named", ["node4", "node1"])
