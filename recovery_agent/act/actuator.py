@@ -82,6 +82,7 @@ class Actuator(JobRecovery, Migrations, Drains, Watchdog, Steps):
             f"{store.path}.journal")
         self.journaled: set[int] = set()   # ended in the journal, not the store yet
         self._holds_seen: dict[int, tuple[float, float]] = {}   # rec -> (held_at, mono 0)
+        self._ended_at: dict[int, float] = {}   # rec -> Slurm's end of the attempt it requeued
         self.wake = threading.Event()
         self.on_step = on_step
         self.waiting_for_slurm = False

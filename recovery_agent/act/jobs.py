@@ -26,7 +26,12 @@ log = logging.getLogger("recovery_agent.act.actuator")   # the actuator's, as be
 # credential revoked"). Seen live on 24.11: StartTime=now 0.5 s after the
 # requeue, the start in the next second was refused and cost an attempt.
 # Slurm's own guard is its two-minute requeue delay; ours is to let the job
-# start no sooner than this many whole seconds after the requeue's second.
+# start no sooner than this many whole seconds after the second of the kill.
+# The kill is our requeue for a running job; for one that had ended already it
+# was its end: slurmctld told the nodes to end it then (job_complete ->
+# deallocate_nodes), and a requeue of a finished job tells them nothing more
+# (_job_requeue_op deallocates only running jobs), so the gap counts from the
+# end Slurm stamped, which comes before our requeue.
 RELAUNCH_GAP_S = 2
 
 
@@ -119,6 +124,10 @@ class JobRecovery:
                 detail += " again: slurmctld no longer shows our first requeue"
                 log.warning("rec=%s job=%s: %s", rec.id, rec.job_id, detail)
             rec = self._save(rec.held(now), "held_at")
+            if job.is_finished and job.end_time:
+                # its nodes were told to end it at its end (read now: the
+                # requeue stamps a new end time on it)
+                self._ended_at[rec.id] = float(job.end_time)
             self._step(rec, "requeue_hold", lambda: self.scheduler.requeue_hold(rec.job_id),
                        detail)
             return
@@ -134,7 +143,7 @@ class JobRecovery:
         if job.state == "COMPLETING":
             return   # still stopping the killed attempt; next pass
         if job.is_pending and job.held:
-            if now < relaunch_after(rec.held_at):
+            if now < relaunch_after(rec.held_at, self._ended_at.get(rec.id)):
                 self._exclude(rec, job)   # the start waits for RELAUNCH_GAP_S; next pass
                 return
             self._exclude_and_start(rec, job, done, retried=_failed_since_start(steps))
@@ -178,12 +187,16 @@ class JobRecovery:
                        ",".join(want))
 
 
-def relaunch_after(held_at: float | None) -> float:
+def relaunch_after(held_at: float | None, ended_at: float | None = None) -> float:
     """The earliest moment for StartTime=now after a requeue at ``held_at``
-    (see RELAUNCH_GAP_S); no wait when the requeue's time is unknown."""
+    (see RELAUNCH_GAP_S): counted from ``ended_at`` instead, Slurm's end time
+    of an attempt that had ended before the requeue, when it is earlier (an
+    agent restarted since the requeue no longer knows it, and waits from the
+    requeue); no wait when the requeue's time is unknown."""
     if not held_at:
         return 0.0
-    return float(int(held_at) + RELAUNCH_GAP_S)
+    killed = min(held_at, ended_at) if ended_at else held_at
+    return float(int(killed) + RELAUNCH_GAP_S)
 
 
 def _failed_since_start(steps: list[dict]) -> bool:

@@ -100,6 +100,7 @@ class Steps:
 
     def _finish(self, rec: Recommendation, status: Status, why: str = "",
                 job: Job | None = None) -> Recommendation:
+        self._ended_at.pop(rec.id, None)
         extra = {}
         if status in (Status.EXPIRED, Status.FAILED) and rec.scope == "job" and self._requeued(rec):
             # fail open, judged on the job as it is now (a requeue that timed out

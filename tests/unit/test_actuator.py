@@ -49,11 +49,12 @@ class FakeSlurm:
                  submit_time: int = SUBMIT, requeue_allowed: bool = True,
                  held: bool = False, excluded: tuple[str, ...] = (),
                  nodes: tuple[str, ...] = ("gpu1", "gpu2", "gpu3"),
-                 completing: int = 0) -> None:
+                 completing: int = 0, end_time: int | None = None) -> None:
         self.job: dict | None = {
             "state": state, "restart_count": restart_count, "submit_time": submit_time,
             "requeue_allowed": requeue_allowed, "held": held, "excluded": tuple(excluded),
-            "nodes": ("gpu1", "gpu2"), "start_now": False, "start_time": None}
+            "nodes": ("gpu1", "gpu2"), "start_now": False, "start_time": None,
+            "end_time": end_time}
         self.nodes = {n: {"state": "IDLE", "flags": set(), "reason": ""} for n in nodes}
         self.completing = int(completing)   # listings in COMPLETING after a requeue
         self.completing_left = 0
@@ -85,7 +86,7 @@ class FakeSlurm:
                    submit_time=j["submit_time"], nodes=j["nodes"], batch_host=j["nodes"][0],
                    excluded_nodes=j["excluded"],
                    requeue_allowed=j["requeue_allowed"] and self.report_requeue_flag,
-                   held=j["held"], start_time=j["start_time"])
+                   held=j["held"], start_time=j["start_time"], end_time=j["end_time"])
 
     def list_jobs(self, job_ids=None) -> list[Job]:
         self.list_calls += 1
@@ -703,6 +704,51 @@ def test_the_restart_waits_for_the_relaunch_gap(store, clock):
     assert [c[0] for c in slurm.log][-2:] == ["start_now", "release"]
     assert store.rec(rec_id).status == "done"
     assert relaunch_after(None) == 0.0
+
+
+@pytest.mark.parametrize("ended_before", [1.4, 0.2])
+def test_the_gap_counts_from_the_end_of_an_attempt_that_had_ended(store, clock, ended_before):
+    """A failed attempt's nodes were told to end it when it ended (a requeue
+    of a finished job kills nothing more): the restart waits RELAUNCH_GAP_S
+    whole seconds after the second Slurm stamped as its end, which may come a
+    second sooner than after the requeue's. The requeue stamps a new end time
+    on the job; the one read before it counts."""
+    clock[0] = float(int(clock[0])) + 0.9         # requeued late in a second
+    ended = int(clock[0] - ended_before)          # Slurm's end time, whole seconds
+    slurm = FakeSlurm(state="FAILED", end_time=ended)
+    rec_id = add_job_rec(store, slurm, exclude=("gpu2",))
+    act = make_actuator(store, slurm, clock)
+    act.run_once()                                # requeue_hold
+    held = store.rec(rec_id).held_at
+    slurm.job["end_time"] = int(held)             # as _job_requeue_op stamps it
+    start = ended + RELAUNCH_GAP_S
+    assert start <= relaunch_after(held)
+    clock[0] = start - 0.05
+    act.run_once()
+    assert [c[0] for c in slurm.log] == ["requeue_hold", "set_excluded_nodes"]
+    clock[0] = float(start)
+    act.run_once()
+    assert [c[0] for c in slurm.log][-2:] == ["start_now", "release"]
+    assert store.rec(rec_id).status == "done"
+    assert relaunch_after(held, ended) == start
+    assert relaunch_after(held, held + 5) == relaunch_after(held)   # never later
+
+
+def test_a_restarted_actuator_waits_from_the_requeue(store, clock):
+    """The end time is kept in memory only: an actuator that starts between the
+    requeue and the restart waits from the requeue's second, as before."""
+    clock[0] = float(int(clock[0])) + 0.9
+    slurm = FakeSlurm(state="FAILED", end_time=int(clock[0]) - 1)
+    rec_id = add_job_rec(store, slurm, exclude=("gpu2",))
+    make_actuator(store, slurm, clock).run_once()  # requeue_hold
+    held = store.rec(rec_id).held_at
+    act = make_actuator(store, slurm, clock)
+    clock[0] = relaunch_after(held) - 0.05
+    act.run_once()
+    assert "start_now" not in [c[0] for c in slurm.log]
+    clock[0] = relaunch_after(held)
+    act.run_once()
+    assert [c[0] for c in slurm.log][-2:] == ["start_now", "release"]
 
 
 def test_a_clean_release_sets_start_now_once(store, clock):
