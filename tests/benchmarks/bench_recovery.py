@@ -267,7 +267,8 @@ SLURM_VERSIONS_NOTE = (
     "requeues the failed job itself at top priority on the nodes it had, the opposite "
     "of leaving a bad node out). So the path stays requeue-hold, exclude, StartTime=now, "
     "release on every version, and the start waits two whole seconds after the "
-    "requeue's second (a slurmd refused a sooner relaunch on 24.11: "
+    "second its nodes were told to end the attempt: our requeue's for a running job, "
+    "the attempt's own end for one that had ended (a slurmd refused a sooner relaunch on 24.11: "
     "docs/slurm-versions.md).")
 
 
