@@ -254,6 +254,17 @@ def stats(values: list[float]) -> tuple[float, float]:
     return statistics.median(values), p95
 
 
+# what the last part of "running again" is, after our release (read in 22.05's
+# src/slurmctld/controller.c, _slurmctld_background)
+SCHEDULER_NOTE = (
+    "After the release the job waits for slurmctld's next scheduling pass. A pass that "
+    "events ask for (a job's end, our requeue, the release) runs at most every "
+    "`batch_sched_delay` seconds after the one before (`SchedulerParameters`, 3 by "
+    "default), and the failed attempt's own end asks for one, so on a cluster with the "
+    "default a restart is allocated about 3 s after that pass at the earliest, however "
+    "soon the release comes. The benchmark's cluster keeps Slurm's default; the "
+    "half-second poll that sees the job running adds up to 0.5 s.")
+
 VERSIONS = REPO / "docs" / "benchmarks-recovery-versions.json"
 SLURM_VERSIONS_NOTE = (
     "The same benchmark on each Slurm release the live matrix runs (`make bench-slurm`: "
@@ -330,7 +341,7 @@ def report(ours: list[dict], plain: list[dict], cap: float) -> str:
     lines += ["", "Targets: detection median ≤ 3 s "
               f"({'met' if d[0] <= 3 else 'missed'}), action done ≤ 5 s after detection "
               f"({'met' if a[1] <= 5 else 'missed'} at p95), running again ≤ 15 s "
-              f"({'met' if g[1] <= 15 else 'missed'} at p95).", ""]
+              f"({'met' if g[1] <= 15 else 'missed'} at p95).", "", SCHEDULER_NOTE, ""]
     lines += [f"Baseline: plain Slurm, `--requeue` and `RequeueExit={REQUEUE_EXIT}`, the same "
               f"kinds, run side by side, given up after {cap:.0f} s. A GPU fault persists: "
               "a start on the bad node meets it again.", "",
