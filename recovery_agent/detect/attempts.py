@@ -28,6 +28,10 @@ def across_attempts(verdict: Verdict, nodes: Sequence[str],
     """The verdict read together with the job's earlier attempts (``nodes``:
     where this one ran). Pure: policy calls it with the store's history.
 
+    * A collective timeout at the same point of the run (the same
+      operation, sequence number and size) as an earlier attempt's is a hang
+      the run reaches every time: ``stop``. At the first collective only when
+      the attempts shared no node (there a bad node or link hangs it too).
     * A CUDA error or a segfault (``signature``) that follows the job onto
       nodes none of whose earlier occurrences ran on is the code: ``stop``.
       One that stays with one node is that node: exclude it.
@@ -40,6 +44,10 @@ def across_attempts(verdict: Verdict, nodes: Sequence[str],
     if not previous or verdict.action == "stop" or verdict.signature == "done":
         return verdict
     family = verdict.signature.partition(":")[0]
+    if family == "hang":
+        reread = _same_hang(verdict, nodes, previous)
+        if reread is not None:
+            return reread
     # not when node-level evidence blames the GPU, nor for uncorrectable ECC
     # (memory the code cannot corrupt: two bad GPUs are two bad GPUs)
     if (family in ("cuda", "segfault") and verdict.category != "gpu_hardware"
@@ -95,6 +103,33 @@ def _recurring(verdict: Verdict, family: str, nodes: Sequence[str],
                    unexplained=False, confidence=0.7,
                    reason=f"{verdict.reason}; the same {what} ended {_attempts(same)} on "
                           f"{node} too: it stays with that node")
+
+
+def _same_hang(verdict: Verdict, nodes: Sequence[str],
+               previous: Sequence[PriorAttempt]) -> Verdict | None:
+    """Stop a hang that an earlier attempt had at the very same collective.
+
+    A fault (a GPU, a link, a node) stalls a collective wherever the run is
+    when it strikes, so two attempts hanging at the same sequence number,
+    operation and size is the run itself: a rank busy elsewhere (validation,
+    a save, data loading on one rank) longer than the timeout, or ranks that
+    disagree on the collectives they call. The sequence numbers count from
+    each process's start; the first collectives of a run are also where a
+    bad node or link first shows, so those count only across attempts that
+    shared no node."""
+    same = [p for p in previous if p.verdict and p.verdict.signature == verdict.signature]
+    if not same:
+        return None
+    seq = int(verdict.signature.split(":")[2])
+    if seq <= 1 and (not nodes or any(set(p.nodes) & set(nodes) or not p.nodes for p in same)):
+        return None
+    _, op, _ = verdict.signature.split(":", 2)
+    return replace(verdict, blame="application", action="stop", nodes=(), gpus=(), links=(),
+                   unexplained=False, confidence=0.75,
+                   reason=f"{verdict.reason}; {_attempts(same)} timed out at the same "
+                          f"collective ({op} number {seq}): a hang the run reaches every "
+                          "time is the code or its setup (one rank busy longer than the "
+                          "timeout, or ranks calling different collectives), not a node")
 
 
 def _attempts(previous: Sequence[PriorAttempt]) -> str:

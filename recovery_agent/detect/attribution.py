@@ -99,6 +99,10 @@ _STORE = re.compile(r"\[c10d\]|TCPStore|C10d store|c10d key-value store|store->g
 _DEVICE_STATE = ("ecc", "busy", "unknown", "nvlink")   # the device's own state, not a kernel's fault
 _STORE_SIDE = re.compile(r"TCPStore|c10d key-value store|store->get\(|SocketImpl\("
                          r"|clients joined|RendezvousTimeoutError|wait timeout after \d+ms")
+# The collective a PyTorch watchdog gave up on: WorkNCCL's own description of it
+# ("WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=...,
+# Timeout(ms)=...)", NumelIn since 2.1): where in the job's run the hang was
+_TIMED_OUT_WORK = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)(?:, NumelIn=(\d+))?")
 # The work was done: the frameworks' own end-of-training messages
 _DONE = re.compile(r"`Trainer\.fit` stopped: `max_(?:epochs|steps|time)=[^`]*` reached"
                    r"|worker group successfully finished"
@@ -251,8 +255,20 @@ def _unexplained(winner: Detection, chosen: list[tuple[int, Detection]], action:
     return Verdict(blame="unknown", category=category,
                    action="kill_requeue" if action == "kill_requeue" else "requeue",
                    confidence=_TIER_CONFIDENCE[tier], rests_on=rests_on, unexplained=True,
-                   suspects=tuple(suspects),
+                   suspects=tuple(suspects), signature=_hang_signature(texts),
                    reason=f"{reason}; unexplained: {kind}")
+
+
+def _hang_signature(texts: Sequence[str]) -> str:
+    """``hang:OP:SEQ[:NUMEL]`` for the first collective a watchdog timed out
+    on, which tells two attempts' hangs at the same point of the run apart
+    from hangs at different points (see across_attempts)."""
+    for text in texts:
+        work = _TIMED_OUT_WORK.search(text)
+        if work:
+            seq, op, numel = work.groups()
+            return f"hang:{op}:{seq}" + (f":{numel}" if numel else "")
+    return ""
 
 
 def _read_cause(verdict: Verdict, winner: Detection, chosen: list[tuple[int, Detection]],

@@ -26,8 +26,9 @@ ORIGINS = ("", "job", "system")
 # Failure kinds whose cause is told apart across attempts (Verdict.signature,
 # ``family:detail``): one that follows the job onto fresh nodes is the code,
 # one that stays with a node is the node. ``write``: a write failure without a
-# full disk; twice, it is one.
-SIGNATURES = ("cuda", "segfault", "write")
+# full disk; twice, it is one. ``hang:OP:SEQ``: a collective timeout at the
+# same point of the run twice is the run.
+SIGNATURES = ("cuda", "segfault", "write", "hang")
 
 
 @dataclass(frozen=True)

@@ -306,6 +306,53 @@ def test_a_cuda_error_that_stays_with_one_node_blames_that_node():
     assert "stays with that node" in d.reason
 
 
+# ho-lightning20434-broadcast-seq1-timeout-after-init
+FIRST_BROADCAST = ("[rank3]:[E1119 13:21:12.512781555 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog "
+                   "caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, "
+                   "NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800000 milliseconds "
+                   "before timing out.")
+
+
+def _watchdog(text: str) -> Detection:
+    return det(text, "nccl_timeout_hang", role="symptom", action="requeue",
+               rule="nccl.watchdog_timeout")
+
+
+def test_a_hang_at_the_same_collective_as_the_attempt_before_is_the_run():
+    first = _prior([_watchdog(WATCHDOG)], ("n1", "n2"), 0)
+    assert first.verdict.signature == "hang:ALLREDUCE:808:9801523"
+    now = attribute([_watchdog(WATCHDOG)])
+    # the same nodes or others: a fault strikes wherever the run is, not at one collective
+    for nodes in (("n1", "n2"), ("n3", "n4")):
+        d = decide(now, history=History(restarts=1, nodes=nodes, previous=(first,)))
+        assert (d.action, d.rule) == ("stop", "recurring")
+        assert "same collective (ALLREDUCE number 808)" in d.reason and "attempt 0" in d.reason
+
+
+def test_a_hang_elsewhere_in_the_run_is_retried():
+    first = _prior([_watchdog(WATCHDOG)], ("n1", "n2"), 0)
+    later = WATCHDOG.replace("SeqNum=808", "SeqNum=1808")
+    d = decide(attribute([_watchdog(later)]),
+               history=History(restarts=1, nodes=("n3", "n4"), previous=(first,)))
+    assert d.action == "requeue"
+    # nor a timeout that names no collective
+    bare = attribute([_watchdog(POST_FIT_TIMEOUT)])
+    assert bare.signature == ""
+    assert across_attempts(bare, ("n3", "n4"), (_prior([_watchdog(POST_FIT_TIMEOUT)],
+                                                       ("n1", "n2"), 0),)).action == "requeue"
+
+
+def test_a_hang_at_the_first_collective_stops_only_on_fresh_nodes():
+    # where a bad node or link first shows: the same first broadcast on a node
+    # the attempts shared is not yet the run
+    first = _prior([_watchdog(FIRST_BROADCAST)], ("n1", "n2"), 0)
+    now = attribute([_watchdog(FIRST_BROADCAST)])
+    shared = across_attempts(now, ("n2", "n3"), (first,))
+    assert shared.action != "stop"
+    fresh = across_attempts(now, ("n3", "n4"), (first,))
+    assert (fresh.action, fresh.blame) == ("stop", "application")
+
+
 def test_on_the_same_nodes_the_host_that_printed_it_both_times_is_blamed():
     first = _prior([det(LAUNCH_FAILURE, "cuda_error", action="requeue", host="n2")],
                    ("n1", "n2"), 0)
