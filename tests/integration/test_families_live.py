@@ -287,3 +287,24 @@ def test_a_cuda_error_that_follows_the_job_onto_other_nodes_is_stopped(act_agent
     assert first not in json.loads(ran[0][0])
     reason = reason_of(act_agent, second["id"])
     assert "follows the job" in reason and first in reason
+
+
+# basicsr737-watchdog-default-pg (dev_failures.jsonl)
+WATCHDOG_808 = ("[rank1]:[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog "
+                "caught collective operation timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, "
+                "NumelIn=9801523, NumelOut=9801523, Timeout(ms)=600000) ran for 600020 "
+                "milliseconds before timing out.")
+
+
+def test_a_hang_at_the_same_collective_twice_is_stopped(act_agent, submit):
+    """Reasoning across attempts for hangs. A watchdog timeout alone is
+    unexplained: requeued. The retry times out at the very same collective
+    (ALLREDUCE number 808 of the same size): the run reaches that hang every
+    time, so it is stopped as recurring, not by the unexplained budget, saying
+    which collective and which attempt."""
+    rec = first_decision(act_agent, submit, printing(WATCHDOG_808))
+    assert (rec["action"], rec["status"], rec["exclude"]) == ("requeue", "done", [])
+    second = final_rec(act_agent, rec["job_pk"], timeout=90, attempt=1)
+    assert (second["action"], second["rule"]) == ("stop", "recurring")
+    reason = reason_of(act_agent, second["id"])
+    assert "same collective (ALLREDUCE number 808)" in reason and "attempt 0" in reason
