@@ -28,6 +28,10 @@ of the fired weights, capped at 1):
   threshold; the evidence names the links.
 * ``thermal_power_slowdown`` (0.25): at least ``slowdown_fraction`` of the
   window's readings (and two or more) show a ``slowdown_reasons`` bit.
+* ``xid_reset_soon`` (1.0): the kernel log of a report named this GPU (by its
+  PCI address) in an Xid whose catalog bucket is ``RESET_GPU``: the driver
+  wants the GPU reset, and the job on it still runs. It counts until a later
+  reading shows the GPU's counters set back (a reset, a driver reload).
 
 A rate is the sum of the rises between consecutive readings of a counter over
 the time from the first to the last reading that has the counter; it needs
@@ -41,6 +45,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
+
+from .patterns import XID_BUCKETS
 
 __all__ = ["RULES", "Reading", "Score", "RuleHit", "readings_from_snapshot", "score_gpu",
            "score_node", "node_level", "score_change", "counter_increase"]
@@ -57,6 +63,7 @@ RULES: dict[str, float] = {
     "nvlink_crc_rising": 0.5,
     "nvlink_recovery_rising": 0.5,
     "thermal_power_slowdown": 0.25,
+    "xid_reset_soon": 1.0,
 }
 
 # the signals each rule reads, for ``no_data``
@@ -71,7 +78,10 @@ _SIGNALS = {
     "nvlink_crc_rising": ("nvlink",),
     "nvlink_recovery_rising": ("nvlink",),
     "thermal_power_slowdown": ("throttle_reasons",),
+    "xid_reset_soon": ("reset_xids",),
 }
+# the volatile counters a GPU reset or a driver reload sets back to zero
+_VOLATILE = ("ecc_sbe", "ecc_dbe")
 
 _LINK_KINDS = {"nvlink_replay_rising": ("replay",), "nvlink_crc_rising": ("crc_flit", "crc_data"),
                "nvlink_recovery_rising": ("recovery",)}
@@ -84,8 +94,9 @@ class Reading:
     ``ecc_dbe_aggregate`` (lifetime counts, read when a window has no
     volatile count at all: the two are never mixed in one series),
     ``remap_pending``, ``remap_failure``, ``retired_pending`` (bools),
-    ``retired_pages`` (single- plus double-bit), ``throttle_reasons`` (bits) and
-    ``nvlink.<link>.<counter>``; a missing key or None: no data."""
+    ``retired_pages`` (single- plus double-bit), ``throttle_reasons`` (bits),
+    ``nvlink.<link>.<counter>`` and ``reset_xids`` (the codes of the report's
+    RESET_GPU Xids on this GPU; empty: none); a missing key or None: no data."""
 
     time: float
     node: str
@@ -122,13 +133,23 @@ class Score:
         return tuple(h.rule for h in self.hits)
 
 
-def readings_from_snapshot(node: str, time: float, snapshot: Mapping[str, Any]) -> list[Reading]:
+def readings_from_snapshot(node: str, time: float, snapshot: Mapping[str, Any],
+                           xids: Sequence[Mapping[str, Any]] | None = None) -> list[Reading]:
     """The readings of one hooks NVML snapshot (``report["gpus"]``): one per GPU
     that answered. A GPU is keyed by UUID (its index where the UUID is missing);
-    a lost GPU gives no reading (its counters are gone, not zero)."""
+    a lost GPU gives no reading (its counters are gone, not zero). ``xids``:
+    the same report's Xids (``report["xids"]``), matched to a GPU by its PCI
+    address as the snapshot gives it; one with no address names no GPU."""
     out = []
     if not isinstance(snapshot, Mapping) or not snapshot.get("ok"):
         return out
+    resets: dict[str, list[int]] = {}
+    for xid in xids or ():
+        code = xid.get("xid") if isinstance(xid, Mapping) else None
+        pci = str(xid.get("pci") or "").lower() if isinstance(xid, Mapping) else ""
+        if (isinstance(code, int) and pci and xid.get("kind", "xid") == "xid"
+                and XID_BUCKETS.get(code) == "RESET_GPU"):
+            resets.setdefault(pci, []).append(code)
     for gpu in snapshot.get("gpus") or ():
         if not isinstance(gpu, Mapping) or gpu.get("lost"):
             continue
@@ -145,6 +166,9 @@ def readings_from_snapshot(node: str, time: float, snapshot: Mapping[str, Any]) 
             "retired_pages": None if sbe is None and dbe is None else (sbe or 0) + (dbe or 0),
             "throttle_reasons": _count(gpu.get("throttle_reasons")),
         }
+        if xids is not None:
+            pci = str(gpu.get("pci_short") or "").lower()
+            values["reset_xids"] = tuple(sorted(set(resets.get(pci, ())))) if pci else None
         for link in gpu.get("nvlink") or ():
             if not isinstance(link, Mapping) or _count(link.get("link")) is None:
                 continue
@@ -286,11 +310,32 @@ def score_gpu(readings: Iterable[Reading], cfg, now: float | None = None) -> Sco
         hit("thermal_power_slowdown", f"{len(slowed)} of {len(known)} readings slowed down "
             f"(reasons 0x{bits:X})", len(slowed), cfg.slowdown_fraction)
 
+    reset = _reset_xid(rows)
+    if reset is not None:
+        codes, _ = reset
+        hit("xid_reset_soon", f"Xid {', '.join(map(str, codes))} in the kernel log: the "
+            "driver asks for a GPU reset (no reset seen since)", list(codes))
+
     no_data = tuple(rule for rule, signals in _SIGNALS.items()
                     if not any(s in present for s in signals))
     total = round(min(1.0, sum(h.weight for h in hits)), 3)
     level = "degraded" if total >= cfg.degraded_score else "watch" if total > 0 else "ok"
     return Score(node, gpu, rows[-1].time, total, level, tuple(hits), len(rows), no_data)
+
+
+def _reset_xid(rows: Sequence[Reading]) -> tuple[tuple[int, ...], float] | None:
+    """The newest RESET_GPU Xids of the window and their reading's time,
+    unless a later reading shows a volatile counter set back (the reset)."""
+    for i in range(len(rows) - 1, -1, -1):
+        codes = rows[i].values.get("reset_xids")
+        if not codes:
+            continue
+        later = rows[i:]
+        keys = set(_VOLATILE) | {k for r in later for k in r.values if k.startswith("nvlink.")}
+        if any(counter_increase([(r.time, r.values.get(k)) for r in later])[2] for k in keys):
+            return None
+        return tuple(codes), rows[i].time
+    return None
 
 
 def score_node(readings: Iterable[Reading], cfg, now: float | None = None) -> dict[str, Score]:

@@ -376,8 +376,9 @@ class Ingest:
         cfg, node = self.proactive, report["node"]
         now = time.time()
         mine = degradation.readings_from_snapshot(
-            node, report.get("created") or now, report.get("gpus") or {})
-        if not any(v is not None for r in mine for v in r.values.values()):
+            node, report.get("created") or now, report.get("gpus") or {},
+            report.get("xids") or [])
+        if not any(v not in (None, ()) for r in mine for v in r.values.values()):
             return
         since = now - cfg.window - 60
         series = self._series.get(node)
@@ -385,6 +386,7 @@ class Ingest:
             # received, not created: a report replayed from a spool counts with
             # the rest; the window then ends at the newest reading's own time
             series = []
+            xids = self.store.node_xids_since(node, since)
             for row in self.store.reports_since(node, since):   # this report included
                 try:
                     gpus = json.loads(row["gpus"] or "[]")
@@ -392,7 +394,7 @@ class Ingest:
                     continue
                 series += degradation.readings_from_snapshot(
                     row["node"], row["created"] or row["received"],
-                    {"ok": bool(row["gpu_ok"]), "gpus": gpus})
+                    {"ok": bool(row["gpu_ok"]), "gpus": gpus}, xids.get(row["id"], []))
             series.sort(key=lambda r: r.time)
         else:
             for reading in mine:

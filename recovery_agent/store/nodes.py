@@ -91,6 +91,18 @@ class NodeQueries:
         return list(self.db["node_reports"].rows_where(
             "node = ? and received >= ?", [node, since], order_by="received"))
 
+    def node_xids_since(self, node: str, since: float) -> dict[int, list[dict]]:
+        """The XIDs of a node's reports received at or after ``since``, by
+        report id (``xid``, ``kind``, ``pci``)."""
+        out: dict[int, list[dict]] = {}
+        for row in self.db.query(
+                "select x.report, x.xid, x.kind, x.pci from xids x join node_reports r "
+                "on r.id = x.report where r.node = ? and r.received >= ? order by x.id",
+                [node, since]):
+            out.setdefault(row["report"], []).append(
+                {"xid": row["xid"], "kind": row["kind"], "pci": row["pci"]})
+        return out
+
     def report_xid_count(self, report_pk: int) -> int:
         """How many XIDs a report carries."""
         return self.db["xids"].count_where("report = ?", [report_pk])

@@ -24,6 +24,7 @@ def gpu_snapshot(**changes) -> dict:
     """A one-GPU snapshot as the hooks report it; ``changes`` override fields."""
     want = fake_gpus("gpu-a1", 1)["gpus"][0]
     gpu = {"index": 0, "uuid": want["uuid"], "name": want["name"], "lost": False,
+           "pci_bus_id": want["pci_bus_id"], "pci_short": "0000:18:00",
            "ecc_volatile_corrected": 0, "ecc_aggregate_corrected": 0,
            "ecc_volatile_uncorrected": 0, "ecc_aggregate_uncorrected": 0,
            "remapped_rows_pending": False, "remapped_rows_failure": False,
@@ -44,7 +45,7 @@ def series(points, every=20 * 60.0, node="gpu-a1"):
     """Readings from a list of snapshot field overrides, one per ``every`` seconds."""
     out = []
     for i, changes in enumerate(points):
-        out += dg.readings_from_snapshot(node, T0 + i * every, gpu_snapshot(**changes))
+        out += dg.readings_from_snapshot(node, T0 + i * every, gpu_snapshot(**changes), [])
     return out
 
 
@@ -155,7 +156,8 @@ def test_missing_fields_do_not_fire_and_are_listed():
            "retired_pages_pending": None, "throttle_reasons": None, "nvlink": None}
     score = dg.score_gpu(series([old] * 6), CFG)
     assert score.score == 0 and score.rules == ()
-    assert set(score.no_data) == set(dg.RULES)
+    # the kernel log's Xids do not depend on the GPU's counters
+    assert set(score.no_data) == set(dg.RULES) - {"xid_reset_soon"}
 
 
 def test_aggregate_ecc_stands_in_for_volatile():
@@ -226,3 +228,53 @@ def test_score_change_is_an_evidence_record_only_on_change():
         "gpu-a1", rows[-1].time + 7 * HOUR, gpu_snapshot(ecc_volatile_corrected=300)), CFG)
     back = dg.score_change(rising, calm)
     assert back["level"] == "ok" and back["cleared"] == ["sbe_rate"]
+
+
+# ---- xid_reset_soon: an Xid whose catalog bucket is RESET_GPU --------------------
+
+# dev_failures.jsonl's GSP timeout rows (Xid 119: RESET_GPU), parsed as the hooks do
+GSP_119 = ("NVRM: Xid (PCI:0000:18:00): 119, pid=4071838, name=python, Timeout after 45s of "
+           "waiting for RPC response from GPU4 GSP! Expected function 76 (GSP_RM_CONTROL) "
+           "(0x20801702 0x4).")
+
+
+def xid_series(points, xids_at, every=20 * 60.0):
+    """Readings where report ``i`` carries the parsed Xids ``xids_at.get(i, [])``."""
+    from slurm_hooks.kmsg import parse_xid
+    out = []
+    for i, changes in enumerate(points):
+        snap = gpu_snapshot(**changes)
+        xids = [parse_xid(line) for line in xids_at.get(i, [])]
+        out += dg.readings_from_snapshot("gpu-a1", T0 + i * every, snap, xids)
+    return out
+
+
+def test_a_reset_gpu_xid_on_a_running_gpu_degrades_it():
+    score = dg.score_gpu(xid_series([{}] * 4, {2: [GSP_119]}), CFG)
+    assert score.rules == ("xid_reset_soon",) and score.level == "degraded"
+    assert score.hits[0].value == [119] and "Xid 119" in score.hits[0].detail
+
+
+def test_xids_of_other_buckets_or_other_gpus_do_not_fire():
+    # Xid 92 (high single-bit ECC rate) is IGNORE in the catalog; 13 is RESTART_APP
+    ignore = GSP_119.replace("): 119,", "): 92,")
+    app = GSP_119.replace("): 119,", "): 13,")
+    other_gpu = GSP_119.replace("PCI:0000:18:00", "PCI:0000:3b:00")
+    no_pci = GSP_119.replace("(PCI:0000:18:00)", "")
+    score = dg.score_gpu(xid_series([{}] * 4, {1: [ignore, app], 2: [other_gpu, no_pci]}), CFG)
+    assert score.rules == () and score.no_data == ()
+
+
+def test_a_reset_seen_in_the_counters_clears_the_xid():
+    # the volatile corrected count falls after the Xid: the GPU was reset
+    points = [{"ecc_volatile_corrected": 40}] * 3 + [{"ecc_volatile_corrected": 0}] * 2
+    assert dg.score_gpu(xid_series(points, {1: [GSP_119]}), CFG).rules == ()
+    # without the fall it still counts at the end of the series
+    assert dg.score_gpu(xid_series([{"ecc_volatile_corrected": 40}] * 5, {1: [GSP_119]}),
+                        CFG).rules == ("xid_reset_soon",)
+
+
+def test_readings_without_xid_information_list_the_rule_as_no_data():
+    rows = [r for i in range(3)
+            for r in dg.readings_from_snapshot("n", T0 + i * 1200, gpu_snapshot())]
+    assert "xid_reset_soon" in dg.score_gpu(rows, CFG).no_data

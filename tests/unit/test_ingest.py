@@ -400,6 +400,32 @@ def test_without_thresholds_nothing_is_scored(app):
     assert app.store.node_degradation("node2") == []
 
 
+def test_a_reset_gpu_xid_in_a_health_report_degrades_its_gpu(scored):
+    """The kernel log's Xid 119 on GPU-bbbb's PCI address (the catalog's RESET_GPU
+    bucket) while its job runs: degraded, recorded once; the other GPU is not."""
+    xid = dict(XID79, xid=119, message="Timeout after 45s of waiting for RPC response",
+               raw=XID79["raw"].replace("79, pid=1, name=python, GPU has fallen off the bus.",
+                                        "119, pid=1, name=python, Timeout after 45s of "
+                                        "waiting for RPC response from GPU1 GSP!"))
+    post(scored, "health", health(0))
+    with_xid = health(1)
+    with_xid["xids"] = [xid]
+    assert post(scored, "health", with_xid).status_code == 201
+    post(scored, "health", health(2))
+    (rec,) = scored.store.node_degradation("node2")
+    assert (rec["gpu"], rec["level"]) == ("GPU-bbbb", "degraded")
+    assert [r["rule"] for r in rec["rules"]] == ["xid_reset_soon"]
+    # read back from the store by a fresh ingest (a restarted agent): the same score
+    from recovery_agent.config.schema import ProactiveConfig
+    from recovery_agent.detect import degradation
+    again = Ingest(scored.store, "c1", proactive=ProactiveConfig())
+    again._degradation(health(3), 0, "c1")
+    assert scored.store.node_degradation("node2")[0]["id"] == rec["id"]   # nothing changed
+    xids = scored.store.node_xids_since("node2", 0)
+    assert [x["xid"] for rows in xids.values() for x in rows] == [119]
+    assert degradation.RULES["xid_reset_soon"] == 1.0
+
+
 def test_the_node_series_is_read_from_the_store_once_and_kept_up(scored, monkeypatch):
     """Each report used to read every report of its node in the window again,
     so ingest slowed as a node's reports piled up (the hooks benchmark fell
