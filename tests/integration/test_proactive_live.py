@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery_devtools.devcluster.inject import set_gpu
+from recovery_devtools.devcluster.inject import inject_xid, set_gpu
 from tests.integration.conftest import AgentProcess, job_row, wait_for
 from tests.integration.test_recovery_live import (FINAL, job_now, output_has, recs,
                                                   running_again, steps)
@@ -240,3 +240,37 @@ def test_in_monitor_mode_the_move_is_only_recorded(move_agent, submit, devcluste
     node = sched.get_node(bad)
     assert not node.drained and not (node.reason or "").startswith("rcv:")
     assert [r["status"] for r in recs(agent, row[0])] == ["would_have", "would_have"]
+
+
+# dev_failures.jsonl's GSP timeout (Xid 119: the catalog's RESET_GPU bucket)
+GSP_TIMEOUT = ("Timeout after 45s of waiting for RPC response from GPU4 GSP! Expected "
+               "function 76 (GSP_RM_CONTROL) (0x20801702 0x4).")
+
+
+def test_an_xid_asking_for_a_reset_under_a_running_job_plans_the_move(
+        move_agent, submit, devcluster, tmp_path, cleanup):
+    """The other precursor: the node's kernel log gets a RESET_GPU Xid for GPU 0
+    while the job runs on, and the node's health check reports it. The GPU is
+    scored degraded by xid_reset_soon and the move is planned (monitor mode,
+    so recorded only; the action test above carries a move out)."""
+    agent = move_agent(None)
+    sched = devcluster.scheduler()
+    job_id, out, _ = training_job(submit, devcluster, tmp_path)
+    job = running_on(sched, job_id, out)
+    bad = job.nodes[1]
+    cleanup.append((bad, agent))
+    row = wait_for(lambda: job_row(agent, job_id), 30, f"job {job_id} registered")
+
+    inject_xid(devcluster.lay, bad, 0, 119, GSP_TIMEOUT)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURMD_NODENAME": bad}
+    result = subprocess.run([str(devcluster.lay.hook_wrapper("health"))], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    level = wait_for(lambda: (r := agent.query(
+        "select level, rules from node_degradation where node = ? order by id desc limit 1",
+        bad)) and r[0], 30, f"{bad} scored")
+    assert level[0] == "degraded" and "xid_reset_soon" in level[1]
+    rec = wait_for(lambda: migrate_rec(agent, row[0]), 60, "the move recorded")
+    assert (rec["status"], rec["mode"], rec["exclude"]) == ("would_have", "monitor", [bad])
+    now = job_now(sched, job_id)
+    assert now is not None and now.state == "RUNNING" and now.restart_count == 0
