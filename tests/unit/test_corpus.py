@@ -30,6 +30,9 @@ ACTION_NAMES = {"requeue_exclude_node": "requeue_exclude"}
 # joined the tune split after the rules they test (category 92% -> 66% on them
 # before any rule was written for them), so its category floor was set again
 # under the new score (0.92 -> 0.90); the rules did not get worse.
+# The fifth collection's 29 tune rows (r5-) joined the same way (category 69%,
+# action 66% on them before any rule for them; 83% and 69% after the three
+# emitter rules written from them): the split stays above its floors.
 FLOORS = {"dev": (0.95, 0.90, 0.90), "tune": (0.90, 0.80, 0.82)}
 
 
