@@ -53,6 +53,7 @@ EVIDENCE_MAX = 2048
 BLOCK_LINES = 1 << 16    # scan_lines joins this many lines per block
 
 _PCI = re.compile(r"\b(?:PCI:)?([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?\b")
+_BUS_DEVICE = re.compile(r"[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}")
 _GPU_UUID = re.compile(r"\bGPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")
 _SEVERITY_BY_ACTION = {"requeue_exclude": "critical", "requeue": "error", "stop": "error",
                        "kill_requeue": "error", "none": "warning"}
@@ -351,7 +352,11 @@ def _pci(value: str | None) -> str | None:
     if not value:
         return None
     match = _PCI.search(value)
-    return kmsg.normalize_pci(*match.groups()) if match else value.lower()
+    if match:
+        return kmsg.normalize_pci(*match.groups())
+    if _BUS_DEVICE.fullmatch(value):   # lspci leaves domain 0000 out
+        return kmsg.normalize_pci("0", *value.split(":"))
+    return value.lower()
 
 
 def _look_back(lines: Sequence[str]) -> tuple[str | None, str | None]:
