@@ -36,6 +36,8 @@ def across_attempts(verdict: Verdict, nodes: Sequence[str],
       nodes none of whose earlier occurrences ran on is the code: ``stop``.
       One that stays with one node is that node: exclude it.
     * An I/O failure without a full disk, a second time: ``stop``.
+    * DataLoader workers killed by a bus error in shared memory, a second
+      time: ``stop`` (/dev/shm is too small for the job's batches and workers).
     * A host named as a suspect (a peer, a store host) that an earlier
       attempt's failure named too: exclude it.
     * A failure naming no node (with evidence: not one with none at all),
@@ -62,6 +64,15 @@ def across_attempts(verdict: Verdict, nodes: Sequence[str],
                            reason=f"{verdict.reason}; the same I/O failure ended "
                                   f"{_attempts(again)} too: a full disk, a quota or a "
                                   "filesystem fault that a retry does not clear")
+    if family == "shm":
+        again = [p for p in previous if p.verdict and p.verdict.signature == "shm"]
+        if again:
+            return replace(verdict, action="stop", blame="unknown", nodes=(), gpus=(),
+                           links=(), unexplained=False,
+                           reason=f"{verdict.reason}; the DataLoader workers ran out of "
+                                  f"shared memory in {_attempts(again)} too: /dev/shm is "
+                                  "too small for the job's batches and workers (raise it, "
+                                  "or fewer workers or a smaller prefetch)")
     if verdict.blame != "node" and verdict.suspects:
         named = [s for s in verdict.suspects if (not nodes or s in nodes) and any(
             p.verdict and (s in p.verdict.suspects or s in p.verdict.nodes) for p in previous)]

@@ -99,6 +99,9 @@ _STORE = re.compile(r"\[c10d\]|TCPStore|C10d store|c10d key-value store|store->g
 _DEVICE_STATE = ("ecc", "busy", "unknown", "nvlink")   # the device's own state, not a kernel's fault
 _STORE_SIDE = re.compile(r"TCPStore|c10d key-value store|store->get\(|SocketImpl\("
                          r"|clients joined|RendezvousTimeoutError|wait timeout after \d+ms")
+# DataLoader workers that died of a bus error in /dev/shm: retried once (another
+# job's leftovers may have filled it), stopped when it comes back (too small)
+_SHM_RULES = ("pytorch.dataloader_shm", "signal.dataloader_bus_error")
 # The collective a PyTorch watchdog gave up on: WorkNCCL's own description of it
 # ("WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=...,
 # Timeout(ms)=...)", NumelIn since 2.1): where in the job's run the hang was
@@ -278,6 +281,8 @@ def _read_cause(verdict: Verdict, winner: Detection, chosen: list[tuple[int, Det
     a full disk, a write failure, a CUDA error a GPU may cause, a segfault and
     where it happened, a store failure."""
     texts = [_text(d) for _, d in chosen]
+    if winner.category == "system_software" and any(d.rule in _SHM_RULES for _, d in chosen):
+        verdict = replace(verdict, signature="shm")
     if winner.category == "system_software":
         full = next((d for _, d in chosen if _FULL_DISK.search(_text(d))), None)
         if full is not None:

@@ -27,8 +27,9 @@ ORIGINS = ("", "job", "system")
 # ``family:detail``): one that follows the job onto fresh nodes is the code,
 # one that stays with a node is the node. ``write``: a write failure without a
 # full disk; twice, it is one. ``hang:OP:SEQ``: a collective timeout at the
-# same point of the run twice is the run.
-SIGNATURES = ("cuda", "segfault", "write", "hang")
+# same point of the run twice is the run. ``shm``: DataLoader workers out of
+# shared memory; twice, /dev/shm is too small.
+SIGNATURES = ("cuda", "segfault", "write", "hang", "shm")
 
 
 @dataclass(frozen=True)

@@ -353,6 +353,23 @@ def test_a_hang_at_the_first_collective_stops_only_on_fresh_nodes():
     assert (fresh.action, fresh.blame) == ("stop", "application")
 
 
+# bloom13b-dataloader-shm-bus-error (dev_failures.jsonl)
+SHM_BUS_ERROR = ("ERROR: Unexpected bus error encountered in worker. This might be caused "
+                 "by insufficient shared memory (shm).")
+
+
+def test_dataloader_shared_memory_runs_out_once_retried_twice_stopped():
+    first = attribute(SCANNER.scan_lines([SHM_BUS_ERROR], source="job.log"))
+    assert (first.action, first.signature) == ("requeue", "shm")
+    prior = PriorAttempt(("n1",), first, 0)
+    d = decide(first, history=History(restarts=1, nodes=("n2",), previous=(prior,)))
+    assert (d.action, d.rule) == ("stop", "recurring")
+    assert "shared memory in attempt 0 too" in d.reason
+    # after another failure, it is still retried
+    other = PriorAttempt(("n1",), attribute([det(ILLEGAL_ADDRESS, "cuda_error")]), 0)
+    assert across_attempts(first, ("n2",), (other,)).action == "requeue"
+
+
 def test_on_the_same_nodes_the_host_that_printed_it_both_times_is_blamed():
     first = _prior([det(LAUNCH_FAILURE, "cuda_error", action="requeue", host="n2")],
                    ("n1", "n2"), 0)
