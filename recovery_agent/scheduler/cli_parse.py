@@ -341,7 +341,12 @@ def split_listing(data: str | bytes, key: str) -> tuple[str | bytes, Iterator] |
     if start < 0:
         return None
     body_start = start + len(opener)
-    end = data.find(enc("\n  ]"), body_start - 1)
+    # the list's end is searched from the document's end: what follows it is a
+    # few top-level keys, where a forward search would read the whole list. A
+    # later top-level list of objects (24.11's warnings) ends the same way;
+    # then the last piece holds the rest of the document, does not parse as
+    # one record, and the caller parses the whole listing instead
+    end = data.rfind(enc("\n  ]"), body_start - 1)
     if end < 0:
         return None
     rest = data[:start] + enc(f'\n  "{key}": []') + data[end + 4:]

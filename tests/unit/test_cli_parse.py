@@ -330,3 +330,20 @@ def test_the_signal_is_read_from_a_26_05_submit_line():
 def test_submit_signal(line, expected):
     from recovery_agent.scheduler.base import submit_signal
     assert submit_signal(line) == expected
+
+
+@pytest.mark.parametrize("jobs", [True, False])
+def test_a_later_top_level_list_of_objects_is_not_read_as_records(jobs):
+    """The list's end is searched from the back: a later list laid out the same
+    way (24.11's warnings) then ends the cut, the last piece does not parse as a
+    record, and the whole listing is parsed: the same jobs either way."""
+    import json
+    doc = slurm_fixture("24.11", "squeue_all.json")
+    if not jobs:
+        doc["jobs"] = []
+    doc["warnings"] = [{"description": "a warning", "source": "slurmctld"},
+                       {"description": "another", "source": "slurmctld"}]
+    text = json.dumps(doc, indent=2)
+    assert list(doc)[-1] == "warnings" and text.rstrip().endswith("}\n  ]\n}")
+    assert parse_squeue_text(text) == parse_squeue(doc)
+    assert parse_squeue_text(text.encode()) == parse_squeue(doc)
