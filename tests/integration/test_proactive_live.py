@@ -104,6 +104,11 @@ def degrade(devcluster, node: str) -> None:
     """GPU 0 of ``node`` gets a row remap pending, and the node's health check
     reports it now (slurmd would run it within HealthCheckInterval)."""
     set_gpu(devcluster.lay, node, 0, {"remapped_rows_pending": "true"})
+    health_check(devcluster, node)
+
+
+def health_check(devcluster, node: str) -> None:
+    """The node's health-check hook, now (as slurmd runs HealthCheckProgram)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURMD_NODENAME": node}
     result = subprocess.run([str(devcluster.lay.hook_wrapper("health"))], env=env,
                             capture_output=True, text=True, timeout=120)
@@ -138,6 +143,19 @@ def running_on(sched, job_id: str, steps_seen: Path):
                    90, f"job {job_id} RUNNING")
     wait_for(lambda: output_has(steps_seen, " loss ", 2), 60, "both ranks training")
     return job
+
+
+def monitored_job(move_agent, submit, devcluster, tmp_path, cleanup):
+    """A monitor-mode agent and the training job running under it, registered;
+    its second node is the one the test degrades (and the cleanup restores)."""
+    agent = move_agent(None)
+    sched = devcluster.scheduler()
+    job_id, out, _ = training_job(submit, devcluster, tmp_path)
+    job = running_on(sched, job_id, out)
+    bad = job.nodes[1]
+    cleanup.append((bad, agent))
+    row = wait_for(lambda: job_row(agent, job_id), 30, f"job {job_id} registered")
+    return agent, sched, job_id, out, bad, row
 
 
 def test_a_degraded_node_gets_its_job_checkpointed_and_moved_off(
@@ -212,13 +230,8 @@ def test_in_monitor_mode_the_move_is_only_recorded(move_agent, submit, devcluste
                                                    cleanup):
     """The same job and the same degraded node; the environment's ``proactive``
     is left at its default (monitor)."""
-    agent = move_agent(None)
-    sched = devcluster.scheduler()
-    job_id, out, _ = training_job(submit, devcluster, tmp_path)
-    job = running_on(sched, job_id, out)
-    bad = job.nodes[1]
-    cleanup.append((bad, agent))
-    row = wait_for(lambda: job_row(agent, job_id), 30, f"job {job_id} registered")
+    agent, sched, job_id, out, bad, row = monitored_job(move_agent, submit, devcluster,
+                                                        tmp_path, cleanup)
 
     degrade(devcluster, bad)
     wait_for(lambda: degraded_now(agent, bad), 30, f"{bad} scored degraded")
@@ -253,19 +266,11 @@ def test_an_xid_asking_for_a_reset_under_a_running_job_plans_the_move(
     while the job runs on, and the node's health check reports it. The GPU is
     scored degraded by xid_reset_soon and the move is planned (monitor mode,
     so recorded only; the action test above carries a move out)."""
-    agent = move_agent(None)
-    sched = devcluster.scheduler()
-    job_id, out, _ = training_job(submit, devcluster, tmp_path)
-    job = running_on(sched, job_id, out)
-    bad = job.nodes[1]
-    cleanup.append((bad, agent))
-    row = wait_for(lambda: job_row(agent, job_id), 30, f"job {job_id} registered")
+    agent, sched, job_id, out, bad, row = monitored_job(move_agent, submit, devcluster,
+                                                        tmp_path, cleanup)
 
     inject_xid(devcluster.lay, bad, 0, 119, GSP_TIMEOUT)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURMD_NODENAME": bad}
-    result = subprocess.run([str(devcluster.lay.hook_wrapper("health"))], env=env,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    health_check(devcluster, bad)
     level = wait_for(lambda: (r := agent.query(
         "select level, rules from node_degradation where node = ? order by id desc limit 1",
         bad)) and r[0], 30, f"{bad} scored")
