@@ -283,6 +283,10 @@ def _read_cause(verdict: Verdict, winner: Detection, chosen: list[tuple[int, Det
     texts = [_text(d) for _, d in chosen]
     if winner.category == "system_software" and any(d.rule in _SHM_RULES for _, d in chosen):
         verdict = replace(verdict, signature="shm")
+    if any(d.rule == "cuda.driver_too_old" for _, d in chosen):
+        # the node's driver stack, or the job's build or library path where
+        # every node answers the same: told apart by where it happens next
+        verdict = replace(verdict, signature="cuda:driver")
     if winner.category == "system_software":
         full = next((d for _, d in chosen if _FULL_DISK.search(_text(d))), None)
         if full is not None:

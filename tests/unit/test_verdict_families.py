@@ -370,6 +370,20 @@ def test_dataloader_shared_memory_runs_out_once_retried_twice_stopped():
     assert across_attempts(first, ("n2",), (other,)).action == "requeue"
 
 
+# rpg_open_remode#9 (cuda.driver_too_old's example)
+DRIVER_TOO_OLD = "ERROR: cudaGetDeviceCount CUDA driver version is insufficient for CUDA runtime version"
+
+
+def test_a_driver_mismatch_excludes_the_node_and_stops_when_it_follows_the_job():
+    first = attribute(SCANNER.scan_lines([DRIVER_TOO_OLD], source="job.log"),
+                      AttributionContext(nodes=("n1",)))
+    assert (first.action, first.nodes, first.signature) == \
+        ("requeue_exclude", ("n1",), "cuda:driver")
+    d = decide(first, history=History(restarts=1, nodes=("n2",),
+                                      previous=(PriorAttempt(("n1",), first, 0),)))
+    assert (d.action, d.rule) == ("stop", "recurring") and "follows the job" in d.reason
+
+
 def test_on_the_same_nodes_the_host_that_printed_it_both_times_is_blamed():
     first = _prior([det(LAUNCH_FAILURE, "cuda_error", action="requeue", host="n2")],
                    ("n1", "n2"), 0)
