@@ -49,7 +49,8 @@ _SYSLOG_CORE = (r"(?:<\d{1,3}>)?(?:(?:" + _DAY + r" )?" + _MONTH + r" {1,2}\d{1,
                 r"|\d{4}-\d\d-\d\dT[\d:]{8}(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?) (?!" + _FACILITY
                 + r"|\d{4} )(" + _HOST + r") (?:" + _FACILITY + r")?" + _TAG)
 _SYSLOG = re.compile(_SYSLOG_CORE)
-_SYSLOG_QUOTED = re.compile(r"(?:(?<=[\s\"'=>|\[(])|^)" + _SYSLOG_CORE)   # inside a wrapper
+# inside a wrapper, or after grep's "FILE:" (grep -H, or grep over several logs)
+_SYSLOG_QUOTED = re.compile(r"(?:(?<=[\s\"'=>|\[(:])|^)" + _SYSLOG_CORE)
 _SYSLOG_5424 = re.compile(r"<\d{1,3}>1 \S+ (" + _HOST + r") \S+ \S+ \S+ ")
 # journald short-monotonic / short-unix: only with a kernel or daemon[pid] tag
 _JOURNAL_CLOCK = re.compile(r"(?:\[ *\d+\.\d+(?: <[ \d.]+>)?\]|\d{9,}\.\d+) (?!" + _FACILITY

@@ -20,6 +20,10 @@ SCANNER = Scanner(load_rules(), engine="re")
 
 # (line, host, rank)
 NAMED = [
+    # grep's "FILE:" before a syslog line (grep over several logs), the host after
+    # the time stamp: aws/aws-parallelcluster#1150 (r6 tune row)
+    ("messages:Jun 17 20:18:08 ip-172-31-27-211 kernel: INFO: task strat1_sim:78808 blocked "
+     "for more than 120 seconds.", "ip-172-31-27-211", None),
     # slurmstepd's notice names the node it runs on, after "ON"
     # https://github.com/Nextomics/NextDenovo/issues/114
     ("slurmstepd: error: *** JOB 867816 ON c0700a-s1 CANCELLED AT 2021-05-11T12:06:17 DUE TO "
