@@ -117,6 +117,14 @@ _STEPD_NODE = re.compile(r"\*\*\* (?:JOB|STEP) \S+ (?:ON (" + _HOST + r") CANCEL
 # "[PG 0 Rank 3]" (2.2, 2.3), "[PG ID 0 PG GUID 0(default_pg) Rank 3]" (2.4 on);
 # another group's rank is its own numbering, not the global one
 _PG_RANK = re.compile(r"\[PG (?:0|ID 0 PG GUID 0\(default_pg\)) Rank (\d+)\] ")
+# a shell prompt (bash's default PS1 on Red Hat, "[user@host dir]$ ", and on
+# Debian, "user@host:dir$ ", a conda env's "(name) " before it) before a tool
+# that reads the machine it runs on (the GPUs, the HCAs, the kernel log): an
+# admin's look at that node. A prompt before anything else names where a
+# command was typed (a login node, srun's caller), not where a job failed.
+_PROMPT = re.compile(r"(?:\([\w.-]+\) )?\[?[a-z_][\w.-]*@(" + _HOST + r")(?: [^\]\s]*\]|:[^\s$#]*)"
+                     r" *[$#] +(?:sudo +)?(?:nvidia-smi|ibstatus|ibstat|ibv_devinfo|ibv_devices"
+                     r"|rdma|dmesg|journalctl|lspci|dcgmi|nvidia-bug-report\.sh|mlxlink)\b")
 # a hostname that spells its IP address: EC2's ip-10-1-2-3, pods' 10-1-2-3
 _DASHED_IP = re.compile(r"(?:ip-)?(\d{1,3})-(\d{1,3})-(\d{1,3})-(\d{1,3})(?:\..*)?")
 # a monitoring wrapper's label: host="n1" (Loki, Prometheus), "nodeName":"n1" (JSON),
@@ -139,6 +147,10 @@ def line_origin(line: str) -> Origin:
     quoted = _QUOTE.match(line)   # a log quoted in a mail or a markdown thread
     if quoted:
         pos = quoted.end()
+    prompt = _PROMPT.match(line, pos)
+    if prompt:
+        name = prompt.group(1)
+        return Origin(None if names_no_node(name) else name)
     for _ in range(10):
         while pos < len(line) and line[pos] in " \t":
             pos += 1

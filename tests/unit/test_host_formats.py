@@ -20,6 +20,12 @@ SCANNER = Scanner(load_rules(), engine="re")
 
 # (line, host, rank)
 NAMED = [
+    # a shell prompt before a tool that reads the machine it runs on: an admin's
+    # look at that node (clustervision/trinity#219, Azure/az-hop#269,
+    # xxd3vin/workspace#19)
+    ("[root@node045 ~]# ibstatus", "node045", None),
+    ("[xpillons@h9svu000000 ~]$ nvidia-smi", "h9svu000000", None),
+    ("[root@bh174 chenyang]# nvidia-smi ", "bh174", None),
     # grep's "FILE:" before a syslog line (grep over several logs), the host after
     # the time stamp: aws/aws-parallelcluster#1150 (r6 tune row)
     ("messages:Jun 17 20:18:08 ip-172-31-27-211 kernel: INFO: task strat1_sim:78808 blocked "
@@ -90,11 +96,14 @@ UNNAMED = [
     "[default3]:...:81:150 [3] NCCL INFO ncclCommSplit comm 0x557cb9834e50 rank 3 nranks 4 "
     "cudaDev 3 nvmlDev 3 busId 87000 parent 0x557cb94049d0 splitCount 2 color 2003953581 key 3- "
     "Init START",
-    # shell prompts name the machine a command was typed on, not a failing node
+    # shell prompts before a launch name the machine a command was typed on, not
+    # a failing node
     # https://github.com/facebookresearch/deit/issues/28
     "(deit92) [yuxin.fang@gpu-dev006 deit]$ NCCL_DEBUG=INFO bash train.sh",
     # https://github.com/vllm-project/vllm/issues/5222
     "root@server01:~# hostnamectl",
+    # ... or before nothing (ArjunaCluster/ArjunaUsers#52)
+    "(abnn) mingzeya@c002:~/CGCNN_project/AbNN_benchmark/hform/case1    $ ",
     # glog chatter: a bare [Rank N] is the group's own numbering, not taken
     # https://github.com/pytorch/pytorch/issues/88000
     "I1028 12:13:38.405081 632355 ProcessGroupNCCL.cpp:843] [Rank 0] NCCL watchdog thread "
