@@ -225,10 +225,13 @@ def test_three_attempts_without_a_new_checkpoint_stop(patient_agent, submit, dev
     sched = devcluster.scheduler()
     ckpt = devcluster.lay.jobs / f"never-{tmp_path.parent.name}-{tmp_path.name}"  # unique per run
     ckpt.mkdir()
+    # each attempt times out at another collective: a hang at the same one twice
+    # is stopped as recurring before this guard (test_families_live.py)
     script = ('echo "attempt ${SLURM_RESTART_COUNT:-0}"; echo "step 1 loss 2.0"; '
               'echo "[Rank 0] Watchdog caught collective operation timeout: '
-              'WorkNCCL(SeqNum=3, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, '
-              'Timeout(ms)=600000) ran for 600010 milliseconds before timing out."; exit 1')
+              'WorkNCCL(SeqNum=$((3 + ${SLURM_RESTART_COUNT:-0})), OpType=ALLREDUCE, NumelIn=1, '
+              'NumelOut=1, Timeout(ms)=600000) ran for 600010 milliseconds before timing '
+              'out."; exit 1')
     job_id = submit("-N1", "--requeue", "--open-mode=append",
                     f"--recovery=patient,max-restarts=6,ckpt={ckpt}", "-o", "noprog-%j.out",
                     script=script)
