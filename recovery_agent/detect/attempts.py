@@ -131,10 +131,10 @@ def _same_hang(verdict: Verdict, nodes: Sequence[str],
     same = [p for p in previous if p.verdict and p.verdict.signature == verdict.signature]
     if not same:
         return None
-    seq = int(verdict.signature.split(":")[2])
-    if seq <= 1 and (not nodes or any(set(p.nodes) & set(nodes) or not p.nodes for p in same)):
+    _, op, seq = verdict.signature.split(":")[:3]
+    if int(seq) <= 1 and (not nodes or any(set(p.nodes) & set(nodes) or not p.nodes
+                                           for p in same)):
         return None
-    _, op, _ = verdict.signature.split(":", 2)
     return replace(verdict, blame="application", action="stop", nodes=(), gpus=(), links=(),
                    unexplained=False, confidence=0.75,
                    reason=f"{verdict.reason}; {_attempts(same)} timed out at the same "

@@ -145,8 +145,9 @@ def readings_from_snapshot(node: str, time: float, snapshot: Mapping[str, Any],
         return out
     resets: dict[str, list[int]] = {}
     for xid in xids or ():
-        code = xid.get("xid") if isinstance(xid, Mapping) else None
-        pci = str(xid.get("pci") or "").lower() if isinstance(xid, Mapping) else ""
+        if not isinstance(xid, Mapping):
+            continue
+        code, pci = xid.get("xid"), str(xid.get("pci") or "").lower()
         if (isinstance(code, int) and pci and xid.get("kind", "xid") == "xid"
                 and XID_BUCKETS.get(code) == "RESET_GPU"):
             resets.setdefault(pci, []).append(code)
@@ -310,9 +311,8 @@ def score_gpu(readings: Iterable[Reading], cfg, now: float | None = None) -> Sco
         hit("thermal_power_slowdown", f"{len(slowed)} of {len(known)} readings slowed down "
             f"(reasons 0x{bits:X})", len(slowed), cfg.slowdown_fraction)
 
-    reset = _reset_xid(rows)
-    if reset is not None:
-        codes, _ = reset
+    codes = _reset_xids(rows)
+    if codes:
         hit("xid_reset_soon", f"Xid {', '.join(map(str, codes))} in the kernel log: the "
             "driver asks for a GPU reset (no reset seen since)", list(codes))
 
@@ -323,9 +323,9 @@ def score_gpu(readings: Iterable[Reading], cfg, now: float | None = None) -> Sco
     return Score(node, gpu, rows[-1].time, total, level, tuple(hits), len(rows), no_data)
 
 
-def _reset_xid(rows: Sequence[Reading]) -> tuple[tuple[int, ...], float] | None:
-    """The newest RESET_GPU Xids of the window and their reading's time,
-    unless a later reading shows a volatile counter set back (the reset)."""
+def _reset_xids(rows: Sequence[Reading]) -> tuple[int, ...]:
+    """The newest RESET_GPU Xids of the window, unless a later reading shows a
+    volatile counter set back (the reset); empty when none count."""
     for i in range(len(rows) - 1, -1, -1):
         codes = rows[i].values.get("reset_xids")
         if not codes:
@@ -333,9 +333,9 @@ def _reset_xid(rows: Sequence[Reading]) -> tuple[tuple[int, ...], float] | None:
         later = rows[i:]
         keys = set(_VOLATILE) | {k for r in later for k in r.values if k.startswith("nvlink.")}
         if any(counter_increase([(r.time, r.values.get(k)) for r in later])[2] for k in keys):
-            return None
-        return tuple(codes), rows[i].time
-    return None
+            return ()
+        return tuple(codes)
+    return ()
 
 
 def score_node(readings: Iterable[Reading], cfg, now: float | None = None) -> dict[str, Score]:
