@@ -58,9 +58,10 @@ _WRITE_FAILED = re.compile(r"PytorchStreamWriter failed writing|unexpected pos \
                            r"|Input/output error|\[Errno 5\]|\bEIO\b")
 # cudaGetErrorString() of the errors a failing GPU causes as well as a bad kernel
 # (700, 719, 46, 214, 999, with the driver's CUDA_ERROR_* names; THC's old
-# "cuda runtime error (N) : <string>" too)
+# "cuda runtime error (N) : <string>" too; ROCm's names for the first)
 _GPU_MAYBE = (("illegal_address", re.compile(r"an illegal memory access was encountered"
-                                             r"|cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS")),
+                                             r"|cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS"
+                                             r"|hipErrorIllegalAddress|Memory access fault by GPU node-")),
               ("launch_failure", re.compile(r"unspecified launch failure|cudaErrorLaunchFailure"
                                             r"|CUDA_ERROR_LAUNCH_FAILED")),
               ("ecc", re.compile(r"uncorrectable ECC error encountered|cudaErrorECCUncorrectable"

@@ -131,15 +131,24 @@ def _vetted(d: Detection, context: AttributionContext) -> Detection:
 _REQUEUED = frozenset({"slurm.requeued"})
 _NOTHING_KILLED = frozenset({"signal.killall_found_nothing"})
 _CLEANUP_REACH = 3          # lines between killall's report and srun's exit line
+# CUDA's exit teardown (cudaErrorCudartUnloading): a C++ abort ("terminate called
+# after throwing ...") whose what() line, the next one or two, is this error was
+# thrown while the process was already exiting
+_AT_EXIT = frozenset({"cuda.driver_shutting_down"})
+_ABORTS = frozenset({"signal.abort"})
+_WHAT_REACH = 2
 
 
 def _teardown_exits(detections: list[Detection]) -> list[Detection]:
     """Exit reports (task exits, aborts) that follow a requeue notice in the
     same log, or come right after a killall that found nothing (with no other
     failure line between them), demoted to information: they report the
-    requeue's or the cleanup's end, not the job's failure. Causes and symptoms
-    are never demoted."""
+    requeue's or the cleanup's end, not the job's failure. So is an abort whose
+    exception is CUDA's exit teardown (driver shutting down): the process was
+    already ending. Causes and symptoms are never demoted."""
     out = list(detections)
+    at_exit = {(d.evidence[0].source, d.line) for d in detections
+               if d.rule in _AT_EXIT and d.evidence and d.line is not None}
     requeued: dict[str, int] = {}
     cleanup: tuple[str, int] | None = None
     for index, d in enumerate(detections):
@@ -160,6 +169,9 @@ def _teardown_exits(detections: list[Detection]) -> list[Detection]:
             why = "after Slurm requeued the job: the requeue's teardown"
         elif cleanup and cleanup[0] == source and 0 < d.line - cleanup[1] <= _CLEANUP_REACH:
             why = "right after a killall that found nothing to kill: the cleanup's own status"
+        elif d.rule in _ABORTS and any((source, d.line + k) in at_exit
+                                       for k in range(1, _WHAT_REACH + 1)):
+            why = "on CUDA's exit teardown (driver shutting down): the process was already ending"
         cleanup = None
         if why:
             out[index] = replace(d, severity="info", action_hint="none",
