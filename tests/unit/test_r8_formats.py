@@ -134,3 +134,69 @@ def test_rays_dead_node_line_alone_fires_nothing():
     assert [d.rule for d in detections] == ["ray.node_marked_dead"]
     assert detections[0].host == "192.168.77.252"
     assert not fired(RAY_DEAD) and verdict(RAY_DEAD).action == "none"
+
+
+# ROCm/legacy-rocm-build#2494 (the resets of two Radeon cards failed)
+AMDGPU_RESET_FAILED = [
+    "[22344.295190] amdgpu 0000:03:00.0: amdgpu: SMU: response:0xFFFFFFFF for index:47 param:0x00000000 message:Mode1Reset?",
+    "[22344.295194] amdgpu 0000:03:00.0: amdgpu: GPU mode1 reset failed",
+    "[22344.456139] amdgpu 0000:83:00.0: amdgpu: ASIC reset failed with error, -121 for drm dev, 0000:83:00.0",
+]
+# HabanaAI/Setup_and_Install#1
+GAUDI_UNUSABLE = [
+    "[   72.993087] habanalabs hl2: Failed to communicate with Device CPU (CPU-CP timeout)",
+    "[   72.993204] habanalabs hl2: failed to initialize the H/W",
+    "[   72.993269] habanalabs 0000:1a:00.0: Failed to initialize hl2. Device is NOT usable !",
+]
+# intel/compute-runtime#944
+XE_HANG = [
+    "  2026-09-13T22:23:00 xe 0000:3d:00.0: [drm] Tile0: GT0: Engine reset: engine_class=ccs, logical_mask: 0x1, guc_id=9,",
+    "  state=0x29",
+]
+
+
+def test_other_vendors_gpus_that_cannot_be_reset_or_started_are_excluded_by_bus_id():
+    v = verdict(AMDGPU_RESET_FAILED)
+    assert (v.category, v.action) == ("gpu_hardware", "requeue_exclude")
+    assert set(v.gpus) >= {"0000:03:00", "0000:83:00"}
+    v = verdict(GAUDI_UNUSABLE)
+    assert (v.action, v.gpus) == ("requeue_exclude", ("0000:1a:00",))
+
+
+def test_an_intel_engine_hang_is_requeued_like_xid_8():
+    v = verdict(XE_HANG)
+    assert (v.category, v.action) == ("gpu_hardware", "requeue")
+
+
+# OLCF's Frontier user guide (XNACK mismatch); ROCm/TheRock#2801 (no device)
+HIP_NO_BINARY = ['    "hipErrorNoBinaryForGpu: Unable to find code object for all current devices!"',
+                 "    srun: error: frontier002: task 0: Aborted"]
+HIP_NO_DEVICE = ["2026-01-07T00:09:11.3147822Z ERROR    test_rocm_sanity:test_rocm_sanity.py:37 :3:hip_memory.cpp           :783 : 1642835146154 us: [pid:551 tid: 0x7056b7626f80] hipHostMalloc: Returned hipErrorNoDevice : "]
+# kokkos/kokkos-kernels PR#455 (the first CUDA call)
+DEVICE_COUNT_UNKNOWN = ["  what():  cudaGetDeviceCount( & m_cudaDevCount ) error( cudaErrorUnknown): unknown error /ascldap/users/bmkelle/ClusterGaussSeidel/kokkos/core/src/Cuda/Kokkos_Cuda_Instance.cpp:204"]
+# alexgkendall/SegNet-Tutorial#71 (glog's CHECK in Caffe)
+CAFFE_OOM = ["F1215 16:35:47.650579  5231 syncedmem.cpp:51] Check failed: error == cudaSuccess (2 vs. 0)  out of memory",
+             "*** Check failure stack trace: ***"]
+
+
+def test_hip_and_glog_spellings_of_cuda_errors():
+    v = verdict(HIP_NO_BINARY)
+    assert (v.category, v.action) == ("application", "stop")
+    assert verdict(HIP_NO_DEVICE).action == "requeue_exclude"
+    assert verdict(DEVICE_COUNT_UNKNOWN).action == "requeue_exclude"
+    v = verdict(CAFFE_OOM)
+    assert (v.category, v.action) == ("oom", "stop")
+
+
+# NERSC's Cray MPICH page; GoogleCloudPlatform/container-engine-accelerators#100;
+# ArjunaCluster/ArjunaUsers#164
+GTL = ["MPIDI_CRAY_init: GPU_SUPPORT_ENABLED is requested, but GTL library is not linked"]
+POD_OUT_OF_GPUS = ["gpu-replicaset-bxbc2                    0/1     OutOfnvidia.com/gpu   0          2h    <none>        controller-2.k8s.ml.prod.srcd.host   <none>"]
+REBOOTED = ["and BTW gpu nodes are down too, c015: Reason=Node unexpectedly rebooted [slurm@2022-07-23T15:27:10]"]
+
+
+def test_build_setup_stops_and_node_restarts_requeue():
+    assert verdict(GTL).action == "stop"
+    assert verdict(POD_OUT_OF_GPUS).action == "requeue"
+    v = verdict(REBOOTED)
+    assert (v.action, v.nodes) == ("requeue", ())
