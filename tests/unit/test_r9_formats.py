@@ -1,0 +1,76 @@
+"""Round-9 families (issue 15): spellings the packs did not read (an NGC
+container's 802 banner, the device plugin's NVML mismatch, THC's assert
+without a function name, the shell's "Killed" glued to a progress bar,
+PJRT's agent error), a rendezvous address that is not valid on the host, and
+NCCL skipping an HCA it cannot open (information, not a failure).
+
+Every log line is a real one, quoted in the public thread named above it (the
+same ones the rules in etc/patterns/*.toml cite); none is built from a format.
+"""
+from __future__ import annotations
+
+from recovery_agent.detect.attribution import attribute
+from recovery_agent.detect.context import context_from_lines
+from recovery_agent.detect.evidence import all_detections
+from recovery_agent.detect.patterns import load_rules
+from recovery_agent.detect.scanner import Scanner
+
+SCANNER = Scanner(load_rules(), engine="re")
+
+
+def verdict(lines):
+    return attribute(SCANNER.scan_lines(lines, source="t"), context_from_lines(lines))
+
+
+def fired(lines):
+    context = context_from_lines(lines)
+    return [d.rule for d in all_detections(SCANNER.scan_lines(lines, source="t"), context)
+            if d.severity != "info"]
+
+
+# NVIDIA/TensorRT-LLM#398 (an NGC container on a p4d without fabric manager)
+BANNER_802 = ["ERROR: The NVIDIA Driver is present, but CUDA failed to initialize.  GPU functionality will not be available.",
+              "   [[ System not yet initialized (error 802) ]]"]
+# pando85/homelab PR#4110
+NVML_MISMATCH = ["Driver/library version mismatch — failed to initialize NVML"]
+# NVIDIA/flowtron#52
+THC_ASSERT = ["C:/cb/pytorch_1000000000000/work/aten/src/THC/THCTensorIndex.cu:218: block: [0,0,0], thread: [106,0,0] Assertion `srcIndex < srcSelectDimSize` failed."]
+# chatchat-space/Langchain-Chatchat#35
+KILLED_ON_BAR = ["Loading checkpoint shards:  38%|██████▊           | 3/8 [00:02<00:03,  1.28it/s]Killed"]
+# google/paxml#77
+AGENT_ERROR = ["> 2024-04-12 23:39:41.656900: E external/xla/xla/pjrt/distributed/client.cc:96] Coordination service agent in error status: DEADLINE_EXCEEDED: Deadline Exceeded"]
+
+
+def test_spellings_the_packs_now_read():
+    assert fired(BANNER_802) == ["cuda.system_not_ready"]
+    assert fired(NVML_MISMATCH) == ["kernel.driver_unavailable"]
+    v = verdict(THC_ASSERT)
+    assert (v.category, v.action) == ("application", "stop")
+    v = verdict(KILLED_ON_BAR)
+    assert (v.category, v.action) == ("oom", "stop")
+    v = verdict(AGENT_ERROR)
+    assert (v.category, v.action) == ("nccl_timeout_hang", "requeue")
+
+
+# LarryJane491/Lora-Training-in-Comfy#27 (EADDRNOTAVAIL on Windows); the retry
+# of a timed-out connect (HyBrIK's default address) stays information
+ADDRESS_INVALID = ["[W socket.cpp:697] [c10d] The client socket has failed to connect to [AH-DellXPS]:29500 (system error: 10049 - The requested address is not valid in its context.)."]
+CONNECT_TIMED_OUT = ["        [W socket.cpp:663] [c10d] The client socket has failed to connect to [::ffff:192.168.1.219]:23456 (errno: 110 - Connection timed out)."]
+
+
+def test_a_rendezvous_address_not_valid_here_is_the_launch_configuration():
+    v = verdict(ADDRESS_INVALID)
+    assert (v.category, v.action) == ("application", "stop")
+    assert not fired(CONNECT_TIMED_OUT)
+
+
+# zai-org/ImageReward#65: the pod is shown only some HCAs; NCCL goes on
+HCA_SKIPPED = [
+    "65826-86bd789679-2dxbs:80744:80744 [1] transport/net_ib.cc:149 NCCL WARN NET/IB : Unable to open device mlx5_58",
+    "65826-86bd789679-2dxbs:80746:80746 [3] NCCL INFO NET/IB : Using [0]mlx5_1:1/RoCE [1]mlx5_18:1/RoCE ; OOB eth0:33.117.221.247<0>",
+]
+
+
+def test_an_hca_nccl_skips_fires_nothing():
+    assert not fired(HCA_SKIPPED)
+    assert verdict(HCA_SKIPPED).action == "none"
