@@ -44,7 +44,8 @@ from .engines import TRACEBACK, make_engine
 from .model import Detection, Evidence
 from .origin import line_origin, names_no_node
 from .patterns import Rule, xid_action, xid_category
-from .tracebacks import TB_MAX_LINES, TB_MAX_OTHER, _Summary, _Traceback, _traceback_kind
+from .tracebacks import (TB_MAX_LINES, TB_MAX_OTHER, _Summary, _Traceback, _traceback_kind,
+                         ignored_before)
 
 __all__ = ["MAX_LINE", "Scanner", "ScanStream"]
 
@@ -289,14 +290,15 @@ class ScanStream:
                 self._tb = None
         elif candidates and TRACEBACK in candidates and "Traceback (most recent call last)" \
                 in line:
-            self._tb = _Traceback(Evidence(line[:EVIDENCE_MAX], self.source, lineno))
+            self._tb = _Traceback(Evidence(line[:EVIDENCE_MAX], self.source, lineno),
+                                  ignored_before(recent))
             return out
         return out + [self.scanner.detection(rule, match, line, lineno, self.source, recent)
                       for rule, match in self.scanner.hits(line, candidates)]
 
     def _end_traceback(self, line: str, body: str, lineno: int, candidates,
                        recent) -> list[Detection]:
-        header, self._tb = self._tb.header, None
+        header, ignored, self._tb = self._tb.header, self._tb.ignored, None
         hits = self.scanner.hits(line, candidates)
         hit = hits[0] if hits else self.scanner.traceback_hit(body)
         if hit is None:
@@ -304,6 +306,10 @@ class ScanStream:
         name = body.split(":", 1)[0].strip()
         detection = self.scanner.detection(hit[0], hit[1], line, lineno, self.source, recent,
                                            (header,), f"traceback ending {name}")
+        if ignored:     # the unraisable hook's report: Python printed it and went on
+            return [replace(detection, severity="info", action_hint="none",
+                            detail=f"{detection.detail} [an exception Python ignored (in a "
+                                   "destructor or at exit): the program went on]")]
         if name.endswith("ChildFailedError"):
             self._summary = _Summary(detection)
             return []

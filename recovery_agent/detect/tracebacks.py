@@ -30,11 +30,26 @@ _SUMMARY_FIELD = re.compile(r"^\s*(host|rank|exitcode|traceback)\s*:\s*(.*?)\s*$
 _ROLE_ORDER = {"root": 0, "cause": 1, "symptom": 2, "exit": 3}
 
 
-class _Traceback:
-    __slots__ = ("header", "frames", "other")
+# Python's hook for an exception it cannot raise (sys.unraisablehook: in a
+# destructor, a weakref callback, at interpreter exit) prints "Exception
+# ignored in: <obj>" and then the traceback, and the program goes on
+_IGNORED = re.compile(r"^Exception ignored in\b")
 
-    def __init__(self, header: Evidence) -> None:
+
+class _Traceback:
+    __slots__ = ("header", "frames", "other", "ignored")
+
+    def __init__(self, header: Evidence, ignored: bool = False) -> None:
         self.header, self.frames, self.other = header, 0, 0
+        self.ignored = ignored   # after "Exception ignored in": Python went on
+
+
+def ignored_before(recent) -> bool:
+    """Whether the line before a traceback header is the unraisable hook's."""
+    last = None
+    for last in recent:
+        pass
+    return last is not None and bool(_IGNORED.match(_PREFIX.sub("", last, count=1).strip()))
 
 
 class _Summary:

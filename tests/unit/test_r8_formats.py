@@ -61,7 +61,7 @@ ROCM_HANG = [
 ]
 # a ROCm user's issue text (find_string id 57033237149): the fault, then the hang
 FAULT_THEN_HANG = [
-    "Memory access fault by GPU node-1 (Agent handle: 0x556e9b7e3360) on address 0x7f52c3f5f000. Reason: Page not present or supervisor privilege.",
+    "Quantizing mlp.experts.14.up_proj in layer     [1 of 47] ██-------------------------------------------------------------| 0:19:08 / 7:39:12 [2/48] 4.2%Memory access fault by GPU node-1 (Agent handle: 0x556e9b7e3360) on address 0x7f52c3f5f000. Reason: Page not present or supervisor privilege.",
     "HW Exception by GPU node-1 (Agent handle: 0x563e71f098b0) reason :GPU Hang",
 ]
 

@@ -55,7 +55,7 @@ def test_spellings_the_packs_now_read():
 # LarryJane491/Lora-Training-in-Comfy#27 (EADDRNOTAVAIL on Windows); the retry
 # of a timed-out connect (HyBrIK's default address) stays information
 ADDRESS_INVALID = ["[W socket.cpp:697] [c10d] The client socket has failed to connect to [AH-DellXPS]:29500 (system error: 10049 - The requested address is not valid in its context.)."]
-CONNECT_TIMED_OUT = ["        [W socket.cpp:663] [c10d] The client socket has failed to connect to [::ffff:192.168.1.219]:23456 (errno: 110 - Connection timed out)."]
+CONNECT_TIMED_OUT = ["    [W socket.cpp:663] [c10d] The client socket has failed to connect to [::ffff:192.168.1.219]:23456 (errno: 110 - Connection timed out)."]
 
 
 def test_a_rendezvous_address_not_valid_here_is_the_launch_configuration():
@@ -74,3 +74,21 @@ HCA_SKIPPED = [
 def test_an_hca_nccl_skips_fires_nothing():
     assert not fired(HCA_SKIPPED)
     assert verdict(HCA_SKIPPED).action == "none"
+
+
+# faceswap#699 (deepfakes/faceswap) and apple/turicreate#2842: the work was saved,
+# then a destructor raised during interpreter teardown
+IGNORED_AT_EXIT = [
+    "04/07/2019 11:39:53 INFO     saved models",
+    "Exception ignored in: <bound method BaseSession.__del__ of <tensorflow.python.client.session.Session object at 0x7fbb0005b9b0>>",
+    "Traceback (most recent call last):",
+    '  File "/usr/local/lib/python3.5/dist-packages/tensorflow/python/client/session.py", line 738, in __del__',
+    "TypeError: 'NoneType' object is not callable",
+]
+
+
+def test_an_exception_python_ignored_is_not_the_programs_failure():
+    assert not fired(IGNORED_AT_EXIT)
+    assert verdict(IGNORED_AT_EXIT).action == "none"
+    # the same traceback without the hook's line is the program's error
+    assert verdict(IGNORED_AT_EXIT[2:]).action == "stop"
