@@ -213,7 +213,7 @@ class ScanStream:
         self._tail, self._skip = b"", False
         if self._summary:
             out.extend(self._stamped(self._summary.finish(self)))
-        if self._tb is not None:
+        if self._tb is not None and not self._tb.ignored:
             out.extend(self._stamped(self._unfinished(self._tb.header)))
         self._summary = self._tb = None
         return out

@@ -92,3 +92,17 @@ def test_an_exception_python_ignored_is_not_the_programs_failure():
     assert verdict(IGNORED_AT_EXIT).action == "none"
     # the same traceback without the hook's line is the program's error
     assert verdict(IGNORED_AT_EXIT[2:]).action == "stop"
+
+
+# wandb/wandb#341: the run synced, then tqdm's destructor raised at shutdown
+# (the snippet ends at the traceback's header)
+IGNORED_UNFINISHED = [
+    "wandb: Synced mnist_stylegan_baseline: https://app.wandb.ai/angle-tech/lab/runs/1s9ymt1c",
+    "Exception ignored in: <bound method tqdm.__del__ of Size: 16; G: 28.247; D: 14.896; Grad: 1.000; Alpha: 1.00000:   0% 277/3000000 [02:03<249:42:34,  3.34it/s]>",
+    "Traceback (most recent call last):",
+]
+
+
+def test_an_ignored_exceptions_cut_traceback_fires_nothing():
+    assert not fired(IGNORED_UNFINISHED)
+    assert fired(IGNORED_UNFINISHED[2:]) == ["python.traceback_unfinished"]
