@@ -106,3 +106,63 @@ IGNORED_UNFINISHED = [
 def test_an_ignored_exceptions_cut_traceback_fires_nothing():
     assert not fired(IGNORED_UNFINISHED)
     assert fired(IGNORED_UNFINISHED[2:]) == ["python.traceback_unfinished"]
+
+
+# leptonai/gpud PR#482
+IBSTAT_POLLING = [
+    "CA 'mlx5_10'",
+    "    CA type: MT4129",
+    "    Number of ports: 1",
+    "    Firmware version: 28.39.1002",
+    "    Hardware version: 0",
+    "    Node GUID: ...",
+    "    System image GUID: ...",
+    "    Port 1:",
+    "        State: Down",
+    "        Physical state: Polling",
+    "        Rate: 10",
+    "        Base lid: 868"
+]
+# huggingface/huggingface_hub#2060
+HTTP_503 = [
+    "requests.exceptions.HTTPError: 503 Server Error: Service Temporarily Unavailable for url: https://huggingface.co/timm/vit_large_patch16_384.augreg_in21k_ft_in1k/resolve/main/model.safetensors"
+]
+# AgentR1/Agent-R1#33
+ACTOR_DIED = [
+    "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task."
+]
+# NVIDIA/nccl#1099
+BOOTSTRAP_TRACE = [
+    "nd20-01:191191:219889 [0] NCCL INFO misc/socket.cc:564 -> 2",
+    "nd20-01:191191:219889 [0] NCCL INFO misc/socket.cc:615 -> 2",
+    "nd20-01:191191:219889 [0] NCCL INFO bootstrap.cc:270 -> 2",
+    "nd20-01:191191:219889 [0] NCCL INFO init.cc:1303 -> 2",
+    "nd20-01:191191:219889 [0] NCCL INFO group.cc:64 -> 2 [Async thread]",
+    "nd20-01:191191:191191 [0] NCCL INFO group.cc:422 -> 2",
+    "nd20-01:191191:191191 [0] NCCL INFO group.cc:106 -> 2 "
+]
+# dongjun-Lee/text-classification-models-tf#4
+TF1_OOM = [
+    "ResourceExhaustedError (see above for traceback): OOM when allocating tensor of shape [563354,256] and type float"
+]
+# kubeflow/kubeflow#1261
+EVICTED = [
+    "`The node was low on resource: memory.`",
+    "`Killing container with id docker://notebook:Need to kill Pod`"
+]
+
+
+def test_more_round_9_families():
+    v = verdict(IBSTAT_POLLING)
+    assert (v.category, v.action) == ("interconnect", "requeue_exclude")
+    v = verdict(HTTP_503)
+    assert (v.category, v.action) == ("system_software", "requeue")
+    v = verdict(ACTOR_DIED)
+    assert (v.category, v.action) == ("system_software", "requeue")    # a symptom: no stop
+    v = verdict(BOOTSTRAP_TRACE)
+    assert (v.category, v.action) == ("interconnect", "requeue")
+    assert verdict(BOOTSTRAP_TRACE[3:]).action == "none"   # init.cc/group.cc traces alone say nothing
+    v = verdict(TF1_OOM)
+    assert (v.category, v.action) == ("oom", "stop")
+    v = verdict(EVICTED)
+    assert (v.category, v.action) == ("oom", "requeue")
