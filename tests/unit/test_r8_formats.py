@@ -9,23 +9,7 @@ format.
 """
 from __future__ import annotations
 
-from recovery_agent.detect.attribution import attribute
-from recovery_agent.detect.context import context_from_lines
-from recovery_agent.detect.evidence import all_detections
-from recovery_agent.detect.patterns import load_rules
-from recovery_agent.detect.scanner import Scanner
-
-SCANNER = Scanner(load_rules(), engine="re")
-
-
-def verdict(lines):
-    return attribute(SCANNER.scan_lines(lines, source="t"), context_from_lines(lines))
-
-
-def fired(lines):
-    context = context_from_lines(lines)
-    return [d.rule for d in all_detections(SCANNER.scan_lines(lines, source="t"), context)
-            if d.severity != "info"]
+from tests.unit.packs import fired_rules, scanner, scored_verdict  # noqa: F401 (scanner: a fixture)
 
 
 # hpcaitech/ColossalAI#1427: the last test epoch logged, then the abort
@@ -43,14 +27,14 @@ ABORT_ON_OOM = [
 ]
 
 
-def test_an_abort_on_the_runtimes_exit_teardown_is_not_a_failure():
-    v = verdict(AFTER_LAST_EPOCH)
-    assert v.action == "none" and not fired(AFTER_LAST_EPOCH)
+def test_an_abort_on_the_runtimes_exit_teardown_is_not_a_failure(scanner):
+    v = scored_verdict(scanner, AFTER_LAST_EPOCH)
+    assert v.action == "none" and not fired_rules(scanner, AFTER_LAST_EPOCH)
 
 
-def test_an_abort_on_any_other_exception_still_counts():
-    assert "signal.abort" in fired(ABORT_ON_OOM)
-    assert verdict(ABORT_ON_OOM).action == "requeue"
+def test_an_abort_on_any_other_exception_still_counts(scanner):
+    assert "signal.abort" in fired_rules(scanner, ABORT_ON_OOM)
+    assert scored_verdict(scanner, ABORT_ON_OOM).action == "requeue"
 
 
 # ROCm/legacy-rocm-build#5259 (the host masked by the reporter)
@@ -66,16 +50,16 @@ FAULT_THEN_HANG = [
 ]
 
 
-def test_a_rocm_gpu_hang_is_the_gpu_requeued_with_the_gpu_named():
-    v = verdict(ROCM_HANG)
+def test_a_rocm_gpu_hang_is_the_gpu_requeued_with_the_gpu_named(scanner):
+    v = scored_verdict(scanner, ROCM_HANG)
     assert (v.category, v.action) == ("gpu_hardware", "requeue")
     assert "node-4" in v.gpus
 
 
-def test_a_rocm_memory_access_fault_reads_as_an_illegal_address():
-    rules = fired(FAULT_THEN_HANG[:1])
+def test_a_rocm_memory_access_fault_reads_as_an_illegal_address(scanner):
+    rules = fired_rules(scanner, FAULT_THEN_HANG[:1])
     assert rules == ["cuda.illegal_address"]
-    assert verdict(FAULT_THEN_HANG[:1]).action == "requeue"   # the GPU or the code: once
+    assert scored_verdict(scanner, FAULT_THEN_HANG[:1]).action == "requeue"   # the GPU or the code: once
 
 
 # AMD-AGI/Infera PR#170 (a CI wrapper's squeue summary)
@@ -98,30 +82,30 @@ SUBMITIT = [
 ]
 
 
-def test_slurm_launch_failure_moves_the_job_off_its_node():
-    v = verdict(LAUNCH_FAILURE)
+def test_slurm_launch_failure_moves_the_job_off_its_node(scanner):
+    v = scored_verdict(scanner, LAUNCH_FAILURE)
     assert (v.category, v.action) == ("system_software", "requeue_exclude")
 
 
-def test_configuration_the_machines_do_not_meet_is_stopped():
-    assert verdict(LOW_MEMORY).action == "stop"
-    v = verdict(GRES_FATAL)
+def test_configuration_the_machines_do_not_meet_is_stopped(scanner):
+    assert scored_verdict(scanner, LOW_MEMORY).action == "stop"
+    v = scored_verdict(scanner, GRES_FATAL)
     assert (v.category, v.action) == ("system_software", "stop")
     assert not v.nodes       # every node given the same gres.conf fails: not this one's fault
 
 
-def test_submitits_signal_report_is_a_requeue_not_a_failure_of_the_job():
-    assert verdict(SUBMITIT).action == "requeue"
+def test_submitits_signal_report_is_a_requeue_not_a_failure_of_the_job(scanner):
+    assert scored_verdict(scanner, SUBMITIT).action == "requeue"
 
 
 # GoogleCloudPlatform/container-engine-accelerators PR#497 (Xid 31 triggered on purpose)
 NODE_CONDITION = ['  XidCriticalError     True    Mon, 23 Jun 2025 18:45:43 +0000   Mon, 23 Jun 2025 18:44:57 +0000   {"31":true}                  6e43a052-e544-467b-a972-63d7cd2ce80a']
 
 
-def test_a_node_condition_xid_is_decided_by_its_code():
-    detections = SCANNER.scan_lines(NODE_CONDITION, source="t")
+def test_a_node_condition_xid_is_decided_by_its_code(scanner):
+    detections = scanner.scan_lines(NODE_CONDITION, source="t")
     assert [(d.rule, d.xid) for d in detections] == [("kernel.xid_node_condition", 31)]
-    assert verdict(NODE_CONDITION).action == "stop"      # 31: the program's bad access
+    assert scored_verdict(scanner, NODE_CONDITION).action == "stop"      # 31: the program's bad access
 
 
 # ray-project/ray#15467 (an autoscaler downscale) and #18449 (a raylet lost mid-run):
@@ -129,11 +113,11 @@ def test_a_node_condition_xid_is_decided_by_its_code():
 RAY_DEAD = ["The node with node id: 40d7709d4275bb0784e227591eceeeb9a8604fb30e5a28e4c90d9c04 and ip: 192.168.77.252 has been marked dead because the detector has missed too many heartbeats from it. This can happen when a raylet crashes unexpectedly or has lagging heartbeats."]
 
 
-def test_rays_dead_node_line_alone_fires_nothing():
-    detections = SCANNER.scan_lines(RAY_DEAD, source="t")
+def test_rays_dead_node_line_alone_fires_nothing(scanner):
+    detections = scanner.scan_lines(RAY_DEAD, source="t")
     assert [d.rule for d in detections] == ["ray.node_marked_dead"]
     assert detections[0].host == "192.168.77.252"
-    assert not fired(RAY_DEAD) and verdict(RAY_DEAD).action == "none"
+    assert not fired_rules(scanner, RAY_DEAD) and scored_verdict(scanner, RAY_DEAD).action == "none"
 
 
 # ROCm/legacy-rocm-build#2494 (the resets of two Radeon cards failed)
@@ -155,16 +139,16 @@ XE_HANG = [
 ]
 
 
-def test_other_vendors_gpus_that_cannot_be_reset_or_started_are_excluded_by_bus_id():
-    v = verdict(AMDGPU_RESET_FAILED)
+def test_other_vendors_gpus_that_cannot_be_reset_or_started_are_excluded_by_bus_id(scanner):
+    v = scored_verdict(scanner, AMDGPU_RESET_FAILED)
     assert (v.category, v.action) == ("gpu_hardware", "requeue_exclude")
     assert set(v.gpus) >= {"0000:03:00", "0000:83:00"}
-    v = verdict(GAUDI_UNUSABLE)
+    v = scored_verdict(scanner, GAUDI_UNUSABLE)
     assert (v.action, v.gpus) == ("requeue_exclude", ("0000:1a:00",))
 
 
-def test_an_intel_engine_hang_is_requeued_like_xid_8():
-    v = verdict(XE_HANG)
+def test_an_intel_engine_hang_is_requeued_like_xid_8(scanner):
+    v = scored_verdict(scanner, XE_HANG)
     assert (v.category, v.action) == ("gpu_hardware", "requeue")
 
 
@@ -179,12 +163,12 @@ CAFFE_OOM = ["F1215 16:35:47.650579  5231 syncedmem.cpp:51] Check failed: error 
              "*** Check failure stack trace: ***"]
 
 
-def test_hip_and_glog_spellings_of_cuda_errors():
-    v = verdict(HIP_NO_BINARY)
+def test_hip_and_glog_spellings_of_cuda_errors(scanner):
+    v = scored_verdict(scanner, HIP_NO_BINARY)
     assert (v.category, v.action) == ("application", "stop")
-    assert verdict(HIP_NO_DEVICE).action == "requeue_exclude"
-    assert verdict(DEVICE_COUNT_UNKNOWN).action == "requeue_exclude"
-    v = verdict(CAFFE_OOM)
+    assert scored_verdict(scanner, HIP_NO_DEVICE).action == "requeue_exclude"
+    assert scored_verdict(scanner, DEVICE_COUNT_UNKNOWN).action == "requeue_exclude"
+    v = scored_verdict(scanner, CAFFE_OOM)
     assert (v.category, v.action) == ("oom", "stop")
 
 
@@ -195,8 +179,8 @@ POD_OUT_OF_GPUS = ["gpu-replicaset-bxbc2                    0/1     OutOfnvidia.
 REBOOTED = ["and BTW gpu nodes are down too, c015: Reason=Node unexpectedly rebooted [slurm@2022-07-23T15:27:10]"]
 
 
-def test_build_setup_stops_and_node_restarts_requeue():
-    assert verdict(GTL).action == "stop"
-    assert verdict(POD_OUT_OF_GPUS).action == "requeue"
-    v = verdict(REBOOTED)
+def test_build_setup_stops_and_node_restarts_requeue(scanner):
+    assert scored_verdict(scanner, GTL).action == "stop"
+    assert scored_verdict(scanner, POD_OUT_OF_GPUS).action == "requeue"
+    v = scored_verdict(scanner, REBOOTED)
     assert (v.action, v.nodes) == ("requeue", ())

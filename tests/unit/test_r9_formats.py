@@ -9,23 +9,7 @@ same ones the rules in etc/patterns/*.toml cite); none is built from a format.
 """
 from __future__ import annotations
 
-from recovery_agent.detect.attribution import attribute
-from recovery_agent.detect.context import context_from_lines
-from recovery_agent.detect.evidence import all_detections
-from recovery_agent.detect.patterns import load_rules
-from recovery_agent.detect.scanner import Scanner
-
-SCANNER = Scanner(load_rules(), engine="re")
-
-
-def verdict(lines):
-    return attribute(SCANNER.scan_lines(lines, source="t"), context_from_lines(lines))
-
-
-def fired(lines):
-    context = context_from_lines(lines)
-    return [d.rule for d in all_detections(SCANNER.scan_lines(lines, source="t"), context)
-            if d.severity != "info"]
+from tests.unit.packs import fired_rules, scanner, scored_verdict  # noqa: F401 (scanner: a fixture)
 
 
 # NVIDIA/TensorRT-LLM#398 (an NGC container on a p4d without fabric manager)
@@ -41,14 +25,14 @@ KILLED_ON_BAR = ["Loading checkpoint shards:  38%|██████▊         
 AGENT_ERROR = ["> 2024-04-12 23:39:41.656900: E external/xla/xla/pjrt/distributed/client.cc:96] Coordination service agent in error status: DEADLINE_EXCEEDED: Deadline Exceeded"]
 
 
-def test_spellings_the_packs_now_read():
-    assert fired(BANNER_802) == ["cuda.system_not_ready"]
-    assert fired(NVML_MISMATCH) == ["kernel.driver_unavailable"]
-    v = verdict(THC_ASSERT)
+def test_spellings_the_packs_now_read(scanner):
+    assert fired_rules(scanner, BANNER_802) == ["cuda.system_not_ready"]
+    assert fired_rules(scanner, NVML_MISMATCH) == ["kernel.driver_unavailable"]
+    v = scored_verdict(scanner, THC_ASSERT)
     assert (v.category, v.action) == ("application", "stop")
-    v = verdict(KILLED_ON_BAR)
+    v = scored_verdict(scanner, KILLED_ON_BAR)
     assert (v.category, v.action) == ("oom", "stop")
-    v = verdict(AGENT_ERROR)
+    v = scored_verdict(scanner, AGENT_ERROR)
     assert (v.category, v.action) == ("nccl_timeout_hang", "requeue")
 
 
@@ -58,10 +42,10 @@ ADDRESS_INVALID = ["[W socket.cpp:697] [c10d] The client socket has failed to co
 CONNECT_TIMED_OUT = ["    [W socket.cpp:663] [c10d] The client socket has failed to connect to [::ffff:192.168.1.219]:23456 (errno: 110 - Connection timed out)."]
 
 
-def test_a_rendezvous_address_not_valid_here_is_the_launch_configuration():
-    v = verdict(ADDRESS_INVALID)
+def test_a_rendezvous_address_not_valid_here_is_the_launch_configuration(scanner):
+    v = scored_verdict(scanner, ADDRESS_INVALID)
     assert (v.category, v.action) == ("application", "stop")
-    assert not fired(CONNECT_TIMED_OUT)
+    assert not fired_rules(scanner, CONNECT_TIMED_OUT)
 
 
 # zai-org/ImageReward#65: the pod is shown only some HCAs; NCCL goes on
@@ -71,9 +55,9 @@ HCA_SKIPPED = [
 ]
 
 
-def test_an_hca_nccl_skips_fires_nothing():
-    assert not fired(HCA_SKIPPED)
-    assert verdict(HCA_SKIPPED).action == "none"
+def test_an_hca_nccl_skips_fires_nothing(scanner):
+    assert not fired_rules(scanner, HCA_SKIPPED)
+    assert scored_verdict(scanner, HCA_SKIPPED).action == "none"
 
 
 # faceswap#699 (deepfakes/faceswap) and apple/turicreate#2842: the work was saved,
@@ -87,11 +71,11 @@ IGNORED_AT_EXIT = [
 ]
 
 
-def test_an_exception_python_ignored_is_not_the_programs_failure():
-    assert not fired(IGNORED_AT_EXIT)
-    assert verdict(IGNORED_AT_EXIT).action == "none"
+def test_an_exception_python_ignored_is_not_the_programs_failure(scanner):
+    assert not fired_rules(scanner, IGNORED_AT_EXIT)
+    assert scored_verdict(scanner, IGNORED_AT_EXIT).action == "none"
     # the same traceback without the hook's line is the program's error
-    assert verdict(IGNORED_AT_EXIT[2:]).action == "stop"
+    assert scored_verdict(scanner, IGNORED_AT_EXIT[2:]).action == "stop"
 
 
 # wandb/wandb#341: the run synced, then tqdm's destructor raised at shutdown
@@ -103,9 +87,9 @@ IGNORED_UNFINISHED = [
 ]
 
 
-def test_an_ignored_exceptions_cut_traceback_fires_nothing():
-    assert not fired(IGNORED_UNFINISHED)
-    assert fired(IGNORED_UNFINISHED[2:]) == ["python.traceback_unfinished"]
+def test_an_ignored_exceptions_cut_traceback_fires_nothing(scanner):
+    assert not fired_rules(scanner, IGNORED_UNFINISHED)
+    assert fired_rules(scanner, IGNORED_UNFINISHED[2:]) == ["python.traceback_unfinished"]
 
 
 # leptonai/gpud PR#482
@@ -152,17 +136,17 @@ EVICTED = [
 ]
 
 
-def test_more_round_9_families():
-    v = verdict(IBSTAT_POLLING)
+def test_more_round_9_families(scanner):
+    v = scored_verdict(scanner, IBSTAT_POLLING)
     assert (v.category, v.action) == ("interconnect", "requeue_exclude")
-    v = verdict(HTTP_503)
+    v = scored_verdict(scanner, HTTP_503)
     assert (v.category, v.action) == ("system_software", "requeue")
-    v = verdict(ACTOR_DIED)
+    v = scored_verdict(scanner, ACTOR_DIED)
     assert (v.category, v.action) == ("system_software", "requeue")    # a symptom: no stop
-    v = verdict(BOOTSTRAP_TRACE)
+    v = scored_verdict(scanner, BOOTSTRAP_TRACE)
     assert (v.category, v.action) == ("interconnect", "requeue")
-    assert verdict(BOOTSTRAP_TRACE[3:]).action == "none"   # init.cc/group.cc traces alone say nothing
-    v = verdict(TF1_OOM)
+    assert scored_verdict(scanner, BOOTSTRAP_TRACE[3:]).action == "none"   # init.cc/group.cc traces alone say nothing
+    v = scored_verdict(scanner, TF1_OOM)
     assert (v.category, v.action) == ("oom", "stop")
-    v = verdict(EVICTED)
+    v = scored_verdict(scanner, EVICTED)
     assert (v.category, v.action) == ("oom", "requeue")
