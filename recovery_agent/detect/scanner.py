@@ -45,7 +45,7 @@ from .model import Detection, Evidence
 from .origin import line_origin, names_no_node
 from .patterns import Rule, xid_action, xid_category
 from .tracebacks import (TB_MAX_LINES, TB_MAX_OTHER, _Summary, _Traceback, _traceback_kind,
-                         ignored_before)
+                         ignored_before, lead_of)
 
 __all__ = ["MAX_LINE", "Scanner", "ScanStream"]
 
@@ -277,7 +277,7 @@ class ScanStream:
             if state == "done":
                 return out
         if self._tb is not None:
-            kind, body = _traceback_kind(line)
+            kind, body = _traceback_kind(line, self._tb.lead)
             if kind == "frame":
                 self._tb.frames += 1
                 if self._tb.frames > TB_MAX_LINES:
@@ -291,7 +291,7 @@ class ScanStream:
         elif candidates and TRACEBACK in candidates and "Traceback (most recent call last)" \
                 in line:
             self._tb = _Traceback(Evidence(line[:EVIDENCE_MAX], self.source, lineno),
-                                  ignored_before(recent))
+                                  ignored_before(recent), lead_of(line))
             return out
         return out + [self.scanner.detection(rule, match, line, lineno, self.source, recent)
                       for rule, match in self.scanner.hits(line, candidates)]

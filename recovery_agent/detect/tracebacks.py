@@ -37,11 +37,35 @@ _IGNORED = re.compile(r"^Exception ignored in\b")
 
 
 class _Traceback:
-    __slots__ = ("header", "frames", "other", "ignored")
+    __slots__ = ("header", "frames", "other", "ignored", "lead")
 
-    def __init__(self, header: Evidence, ignored: bool = False) -> None:
+    def __init__(self, header: Evidence, ignored: bool = False,
+                 lead: re.Pattern | None = None) -> None:
         self.header, self.frames, self.other = header, 0, 0
         self.ignored = ignored   # after "Exception ignored in": Python went on
+        self.lead = lead         # the header's own prefix, as every line of it repeats it
+
+
+# A logger that prefixes every line of a message, the traceback's too (vLLM's
+# NewLineFormatter: "ERROR 12-17 23:28:01 [core.py:866] " before each line; a
+# compose service's "name  | "; a markdown quote's "> "): what stands before
+# the header on its line stands before each frame and the exception line, its
+# digits (the clock, a line number) changing from line to line
+_HEADER = "Traceback (most recent call last)"
+_LEAD_MAX = 200
+_DIGITS = re.compile(r"\d+")
+
+
+def lead_of(line: str) -> re.Pattern | None:
+    """The prefix before a traceback header (past the launcher prefixes), as
+    a pattern its other lines match: its digits may differ. None when the
+    header starts its line."""
+    body = _PREFIX.sub("", line, count=1)
+    at = body.find(_HEADER)
+    lead = body[:at] if at > 0 else ""
+    if not lead.strip() or len(lead) > _LEAD_MAX:
+        return None
+    return re.compile(r"\d+".join(re.escape(part) for part in _DIGITS.split(lead)))
 
 
 def ignored_before(recent) -> bool:
@@ -96,9 +120,14 @@ class _Summary:
                         (int(rank.group()) if rank else None))]
 
 
-def _traceback_kind(line: str) -> tuple[str, str]:
-    """("frame" | "exception" | "other", the line without launcher prefixes)."""
+def _traceback_kind(line: str, lead: re.Pattern | None = None) -> tuple[str, str]:
+    """("frame" | "exception" | "other", the line without launcher prefixes
+    and without the header's own prefix ``lead``)."""
     body = _PREFIX.sub("", line, count=1)
+    if lead is not None:
+        repeated = lead.match(body)
+        if repeated:
+            body = body[repeated.end():]
     if not body.strip() or body[0] in " \t" or body.lstrip().startswith("^"):
         return "frame", body
     if _EXC_COLON.match(body) or _EXC_BARE.match(body):
