@@ -15,6 +15,7 @@ one out.
 """
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -22,11 +23,12 @@ from typing import Iterable
 
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
-from recovery_agent.detect.score import read_labels, render, score
+from recovery_agent.detect.score import LABEL_ACTIONS, read_labels, render, score
 
 ROOT = Path(__file__).resolve().parents[2]   # the checkout (tools/recovery_devtools/)
 CORPUS = ROOT / "tests" / "fixtures" / "corpus"
 HELDOUT = CORPUS / "public_heldout.jsonl"
+READING = CORPUS / "provenance" / "text-only-reading.jsonl"   # lines-only labels of tune rows
 # where rule authors write what they read: the packs (comments and examples),
 # the coverage table, and the unit tests' example lines
 AUTHORED = ("etc/patterns/*.toml", "docs/coverage.md", "tests/unit/test_*.py")
@@ -97,7 +99,7 @@ def report(path: Path = HELDOUT) -> str:
     seen = seen_by_authors(rows, authored, known)
     result = score(Scanner(load_rules(), engine="re"),
                    [r for r in rows if r.id not in seen], problems)
-    out = HEADER + render(result, title=f"held-out split ({path.name})")
+    out = HEADER + render(result, title=f"held-out split ({path.name})") + text_only_reading()
     if seen:
         out += ("\n## Rows left out: seen by a rule author\n\n"
                 f"{len(seen)} of {len(rows)} held-out rows are not scored, because "
@@ -105,6 +107,38 @@ def report(path: Path = HELDOUT) -> str:
                 "their thread or quotes their lines, so they may have shaped a rule:\n\n"
                 + "".join(f"- {rid}: {why}\n" for rid, why in sorted(seen.items())))
     return out
+
+
+def text_only_reading(path: Path = READING) -> str:
+    """How often a reviewer who saw only the lines agrees with the corpus
+    labels (tests/fixtures/corpus/provenance/text-only-reading.md): what the
+    text alone supports, the yardstick for the figures above."""
+    if not path.exists():
+        return ""
+    labels = {row.id: row for row in read_labels((CORPUS / "public_tune.jsonl")
+                                                  .read_text(encoding="utf-8"))[0]}
+    counts: dict[str, list[int]] = {"all": [0, 0, 0], "high": [0, 0, 0], "low": [0, 0, 0]}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        read = json.loads(line)
+        row = labels[read["id"]]
+        for part in ("all", read["confidence"]):
+            counts[part][0] += 1
+            counts[part][1] += read["category"] == row.category
+            counts[part][2] += LABEL_ACTIONS[read["expected_action"]] == row.action
+    lines = ["", "## How far the text alone goes", "",
+             f"A reviewer labelled {counts['all'][0]} tune rows from their lines alone (no "
+             "thread, no source, no rule; `tests/fixtures/corpus/provenance/"
+             "text-only-reading.md`). The corpus labels are read with hindsight from the "
+             "threads; this is how many of them the text an automatic system sees gives "
+             "back to a careful reader: how much of the score above the text can "
+             "support at all, on rows like these:", "",
+             "| rows the reviewer was | rows | category as labelled | action as labelled |",
+             "|---|---:|---:|---:|"]
+    for part, name in (("all", "all"), ("high", "sure of"), ("low", "guessing")):
+        n, cat, act = counts[part]
+        if n:
+            lines.append(f"| {name} | {n} | {cat / n:.1%} | {act / n:.1%} |")
+    return "\n".join(lines) + "\n"
 
 
 def rule_index() -> str:
