@@ -2,7 +2,8 @@
 Check's failures (mej/nhc: die() logs "ERROR:  nhc:  Health check failed:
 <check>: ...", its drain sets the Slurm reason "NHC: <check>: ..."), and a
 traceback whose every line repeats the prefix its header line has (a logger
-that prefixes each line of a message, a tool transcript's "[stderr] ").
+that prefixes each line of a message, a tool transcript's "[stderr] "), and
+the kernel OOM killer's header read as the kill it announces.
 
 Every log line is a real one, quoted in the public text named above it (the
 same ones the rules in etc/patterns/slurm.toml cite); none is built from a
@@ -103,3 +104,17 @@ def test_a_line_without_the_headers_prefix_is_not_part_of_its_traceback(scanner)
     lines = ["[2026-06-07T21:05:05.705689Z] [ERROR] [cycle] Traceback (most recent call last):",
              "[2026-06-07T21:05:05.721658Z] [INFO] [cycle] Cycle error outbox written: /home/fiste/Noema/symnozein/body/bridge/outbox/messages/2026-06-07T210505Z_rpi5_cycle-error-unknown.md"]
     assert fired_rules(scanner, lines) == ["python.traceback_unfinished"]
+
+
+# mm/oom_kill.c dump_header(), printed once a victim is chosen: a log cut after
+# it still shows an OOM kill (tensorflow/tensorflow#9419, tune row)
+OOM_HEADER_ONLY = ["[  687.293876] python invoked oom-killer: gfp_mask=0x24280ca, order=0, oom_score_adj=0",
+                   "[  687.293881] python cpuset=/ mems_allowed=0"]
+
+
+def test_the_oom_killers_header_alone_is_an_oom_kill(scanner):
+    assert fired_rules(scanner, OOM_HEADER_ONLY) == ["oom.kernel_killer_invoked"]
+    v = scored_verdict(scanner, OOM_HEADER_ONLY)
+    assert (v.category, v.action) == ("oom", "stop")
+    rule = next(r for r in load_rules() if r.id == "oom.kernel_killer_invoked")
+    assert rule.emitter == "system"
