@@ -165,6 +165,16 @@ def decide(verdict: Verdict, *, trigger: str = "ended", state: str = "FAILED",
     if verdict.signature == "done" and verdict.action == "none":
         return Decision("none", "work_done", f"the work had finished: {verdict.reason}"
                         .rstrip(": "), category)
+    if trigger == "ended" and state == "OUT_OF_MEMORY" and (
+            verdict.action == "none" or (verdict.unexplained and verdict.blame == "unknown")):
+        # Slurm's own word (the step's memory cgroup killed a task): it explains
+        # the exit reports and symptoms a log may hold, and a retry with the
+        # same memory request ends the same way
+        return Decision("stop", "out_of_memory", "Slurm ended the job OUT_OF_MEMORY: a task "
+                        "went over the memory the job asked for; a retry with the same "
+                        "request ends the same way" + (f" ({verdict.reason})" if
+                                                      verdict.action != "none" else ""),
+                        "oom")
     if trigger != "straggler":
         reread = across_attempts(verdict, history.nodes, history.previous)
         recurring, verdict = reread is not verdict, reread

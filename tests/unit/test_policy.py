@@ -170,6 +170,21 @@ def test_timeout_stops():
     assert decide(HANG, state="TIMEOUT").rule == "hang"
 
 
+def test_slurms_out_of_memory_state_stops_a_failure_the_log_does_not_explain():
+    d = decide(UNKNOWN, state="OUT_OF_MEMORY")
+    assert (d.action, d.rule, d.category) == ("stop", "out_of_memory", "oom")
+    # exit reports and symptoms alone are what the OOM kill left behind
+    exits = Verdict(blame="unknown", category=None, action="requeue", confidence=0.5,
+                    unexplained=True, reason="slurm.task_exit at line 1: task 0: Killed")
+    d = decide(exits, state="OUT_OF_MEMORY")
+    assert (d.action, d.rule) == ("stop", "out_of_memory") and "task 0: Killed" in d.reason
+    # the same failure in another state is still an unexplained requeue
+    assert decide(exits, state="FAILED").action == "requeue"
+    # a cause the log names keeps its own decision (a lost GPU before the kill)
+    assert decide(node_verdict("gpu_hardware", "b1"), state="OUT_OF_MEMORY").action \
+        == "requeue_exclude"
+
+
 def test_decision_acts():
     assert Decision("requeue", "r", "x").acts
     assert Decision("stop", "r", "x").acts
