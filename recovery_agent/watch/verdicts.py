@@ -11,6 +11,7 @@ attempt runs. Reports that come after a verdict are counted as late evidence.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from slurm_hooks import kmsg
 
@@ -19,7 +20,7 @@ from ..detect.context import AttributionContext, node_addresses
 from ..detect.evidence import all_detections
 from ..detect.model import Detection, Evidence, Verdict
 from ..errors import RecoveryError, SchedulerError, StoreError
-from ..decide.policy import STRIKE_WEIGHTS, confined
+from ..decide.policy import STRIKE_WEIGHTS, confined, our_drain
 from ..scheduler.base import Job
 from ..store import STORE_ERRORS
 from ..store import reports as report_rows
@@ -35,6 +36,8 @@ NODE_MAP_TTL = 300.0  # how long a listing of the nodes' addresses is reused
 # ended so that more node evidence cannot change what is done (NODE_FAIL: Slurm
 # blames the nodes; the others: policy acts on none of them)
 NO_WAIT_STATES = frozenset({"NODE_FAIL", "COMPLETED", "CANCELLED", "PREEMPTED"})
+QUIET_STATES = frozenset({"COMPLETED", "CANCELLED", "PREEMPTED"})   # policy acts on none
+NHC_REASON = "NHC:"   # the drain reason LBNL NHC's helpers/node-mark-offline sets
 
 
 def shows_run(job: Job, watch: AttemptWatch) -> bool:
@@ -222,8 +225,9 @@ class Verdicts:
             if watch.unstored:   # still refused: the verdict waits with them
                 raise self._deferred or StoreError("store refused detections")
         node_fail = tuple(watch.nodes) if job is not None and job.state == "NODE_FAIL" else ()
+        node_events = self._node_events(watch, now) + self._reason_events(watch, job, now)
         context = watch.layout.context(nodes=tuple(watch.nodes),
-                                       node_events=tuple(self._node_events(watch, now)),
+                                       node_events=tuple(node_events),
                                        node_fail=node_fail, addresses=self._addresses(now))
         verdict = attribute(watch.found, context)
         consulted = None
@@ -343,6 +347,77 @@ class Verdicts:
                 gpu=str(row["gpu_index"]) if row["gpu_index"] is not None else None,
                 evidence=(Evidence(row["raw"], f"hook:{row['node']}", None, row["time"]),)))
         return events
+
+    def _reason_events(self, watch: AttemptWatch, job: Job | None,
+                       now: float) -> list[Detection]:
+        """What Slurm says of the attempt's nodes that were drained or taken down
+        while it ran: the reason of each, read by the packs as a node's own line
+        (the site's health check, ``NHC: check_...: ...``, or slurmctld's own
+        reasons). Only an admin or Slurm sets a node's reason, never a job, so
+        it is node evidence against that node. Left out: a reason with no time
+        or set before the attempt began, our own drains, and everything when
+        the nodes cannot be listed now (an unseen state proves nothing)."""
+        if job is not None and job.state in QUIET_STATES:
+            return []      # nothing failed: no evidence is wanted
+        # Slurm's end time, to the second (a COMPLETING job has it too); not
+        # known, only a listing of this very cycle is after the end
+        ended = now
+        if job is not None and job.end_time and (job.is_finished or job.state == "COMPLETING"):
+            ended = min(now, float(job.end_time) + 1.0)
+        nodes = self._nodes_now(now, ended)
+        if not nodes:
+            return []
+        mine = set(watch.nodes)
+        ours = {row["name"]: row for row in self.store.nodes()}
+        events: list[Detection] = []
+        for node in nodes:
+            if node.name not in mine or not node.reason or not (
+                    node.drained or node.state.upper() == "DOWN"):
+                continue
+            if node.reason_time is None or node.reason_time < watch.started - XID_SLACK:
+                continue   # no time, or older than the attempt: not what ended it
+            if our_drain(ours.get(node.name), node):
+                continue   # our own verdict of an earlier failure
+            source = f"slurm:{node.name}"
+            if node.reason.startswith(NHC_REASON):
+                found = self._nhc_check(node.reason, source)
+            else:
+                stream = self.scanner.stream(source, origin="system")
+                found = stream.feed(node.reason, 1) + stream.flush()
+            evidence = (Evidence(f"{node.name} reason: {node.reason}"[:2048], source, None,
+                                 float(node.reason_time)),)
+            events += [replace(d, host=node.name, origin="system", evidence=evidence)
+                       for d in found if d.severity != "info"]
+        return events
+
+    def _nhc_check(self, reason: str, source: str) -> list[Detection]:
+        """NHC's drain reason read for its check alone. NHC's message may quote
+        what a user chose (a process, a file or user name): only NHC's own
+        words at the start count, never a line spelled inside them."""
+        rules = sorted((r for r in self.scanner.rules if r.id.startswith("nhc.")),
+                       key=lambda r: -r.priority)
+        for rule in rules:
+            match = rule.compiled.match(reason)
+            if match is not None:
+                return [self.scanner.detection(rule, match, reason, 1, source)]
+        return []
+
+    def _nodes_now(self, now: float, ended: float) -> list:
+        """The nodes as Slurm lists them after the attempt ended (at ``ended``):
+        the newest listing (the node state poll's, or an earlier verdict's) when
+        it is that recent, else one listing now; empty when Slurm does not
+        answer."""
+        polled = self.node_states.listing
+        if polled is not None and polled[0] >= ended:
+            return list(polled[1])
+        try:
+            nodes = list(self.scheduler.list_nodes())
+        except SchedulerError as exc:
+            log.warning("cannot list nodes for their drain reasons: %s", exc)
+            return []
+        if nodes:      # the newest listing, for the addresses and the next verdicts
+            self.node_states.listing = (now, nodes)
+        return nodes
 
     def _count_late_evidence(self, now: float) -> None:
         """Reports stored after their attempt's verdict: fatal XIDs they carry

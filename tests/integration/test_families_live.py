@@ -308,3 +308,37 @@ def test_a_hang_at_the_same_collective_twice_is_stopped(act_agent, submit):
     assert (second["action"], second["rule"]) == ("stop", "recurring")
     reason = reason_of(act_agent, second["id"])
     assert "same collective (ALLREDUCE number 808)" in reason and "attempt 0" in reason
+
+
+# The drain LBNL NHC's helpers/node-mark-offline sets when a check fails, as an
+# scontrol show node in a public repository prints it (find_string id 24738526160)
+NHC_DRAIN = "NHC: check_ps_service:  Service sshd (process sshd) owned by root not running"
+
+
+def test_a_node_the_health_check_drains_during_the_job_is_excluded(act_agent, submit,
+                                                                   devcluster, tmp_path,
+                                                                   cleanup):
+    """Naming the node from Slurm's own state: the job's log says nothing of
+    why it failed, but the site's health check drained one of its nodes while
+    it ran. Only an admin or Slurm sets that reason: the verdict reads it as
+    that node's evidence, and the job is requeued without it."""
+    sched = devcluster.scheduler()
+    go = tmp_path / "go"
+    job_id = submit("-N2", "--ntasks-per-node=1", "--requeue", "--open-mode=append",
+                    "--recovery=act", "-o", "family-%j.out",
+                    script=printing(wait_for_file=str(go)))
+    job = wait_for(lambda: (j := job_now(sched, job_id)) and j.state == "RUNNING" and j, 60,
+                   f"job {job_id} RUNNING")
+    bad = job.nodes[1]
+    cleanup.append((bad, act_agent))
+    submit.runner.run(["scontrol", "update", f"nodename={bad}", "state=DRAIN",
+                       f"reason={NHC_DRAIN}"])
+    go.touch()
+    row = wait_for(lambda: job_row(act_agent, job_id), 30, f"job {job_id} registered")
+    rec = final_rec(act_agent, row[0], attempt=0)
+    assert (rec["action"], rec["status"]) == ("requeue_exclude", "done")
+    assert rec["exclude"] == [bad]
+    assert "nhc.check_failed" in reason_of(act_agent, rec["id"])
+    # the health check's drain stays the site's: not taken over as ours
+    ours = act_agent.query("select drained_by_us from nodes where name = ?", bad)
+    assert not ours or not ours[0][0]
