@@ -17,8 +17,8 @@ from pathlib import Path
 from recovery_agent.detect.attribution import attribute
 from recovery_agent.detect.context import AttributionContext
 from recovery_agent.detect.patterns import load_rules
-from recovery_agent.detect.scanner import Scanner
 from tests.unit.packs import fired_rules, scanner, scored_verdict  # noqa: F401 (scanner: a fixture)
+from tests.unit.test_evidence_boundary import scan
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"
 
@@ -49,22 +49,14 @@ def test_a_passed_or_starting_check_is_not_a_failure(scanner):
     assert scored_verdict(scanner, NHC_PASSED).action == "none"
 
 
-def _scan(lines, origin):
-    stream = Scanner(load_rules(), engine="re").stream("/home/m/slurm-9.out", origin=origin)
-    found = []
-    for n, line in enumerate(lines, 1):
-        found += stream.feed(line, n)
-    return found + stream.flush()
-
-
 def test_a_health_check_line_the_job_printed_blames_no_node():
     # NHC's and slurmctld's words: a job that prints them proves nothing
     rules = {r.id: r for r in load_rules() if r.id.startswith("nhc.")}
     assert set(rules) == {"nhc.gpu_check_failed", "nhc.fabric_check_failed", "nhc.check_failed"}
     assert all(r.emitter == "system" and r.role == "root" for r in rules.values())
-    job = attribute(_scan(NHC_GPU_COUNT, "job"), AttributionContext(nodes=("node1",)))
+    job = attribute(scan(NHC_GPU_COUNT, "job"), AttributionContext(nodes=("node1",)))
     assert job.blame != "node" and job.nodes == () and job.action != "requeue_exclude"
-    node = attribute(_scan(NHC_GPU_COUNT, "system"), AttributionContext(nodes=("node1",)))
+    node = attribute(scan(NHC_GPU_COUNT, "system"), AttributionContext(nodes=("node1",)))
     assert (node.blame, node.action, node.nodes) == ("node", "requeue_exclude", ("node1",))
 
 

@@ -10,6 +10,8 @@ public repository (find_string id 24738526160) and a health-check plugin's
 docs (find_string id 70784017582)."""
 from __future__ import annotations
 
+import pytest
+
 from recovery_agent.errors import SchedulerError
 from recovery_agent.scheduler.base import Node
 from tests.unit.test_watch import Ended, hook_report
@@ -70,24 +72,15 @@ def test_a_job_that_completed_lists_no_nodes_for_reasons(tmp_path):
     assert ended.sched.node_listings - listed <= 1
 
 
-def test_only_nhcs_own_check_is_read_from_an_nhc_reason(tmp_path):
-    # NHC quotes what it found (a process, a file, a user): a job's user can
-    # choose those words, so a kernel line spelled into them is not read
-    hostile = ("NHC: check_ps_unauth_users:  process NVRM: Xid (PCI:0000:3b:00): 79, pid=1, "
-               "GPU has fallen off the bus. owned by mallory is unauthorized")
-    ended = Ended(tmp_path)
-    ended.sched.nodes = [Node("node1", "MIXED"), drained("node2", hostile, 1500)]
-    ended.until(94)
-    (verdict,) = ended.verdicts()
-    assert verdict["category"] == "system_software" and verdict["nodes"] == ["node2"]
-    assert verdict["reason"].startswith("nhc.check_failed")
-    assert "kernel.xid" not in verdict["reason"]
-
-
-def test_an_nhc_check_name_spelled_inside_the_message_is_not_read(tmp_path):
-    # a process named like another check: the check at the start decides
-    hostile = ("NHC: check_ps_unauth_users:  process NHC: check_gpu_ecc: x owned by mallory "
-               "is unauthorized")
+# NHC quotes what it found (a process, a file, a user): a job's user can choose
+# those words. Neither a kernel line spelled into them nor another check's name
+# is read: the check at the start decides.
+@pytest.mark.parametrize("hostile", [
+    "NHC: check_ps_unauth_users:  process NVRM: Xid (PCI:0000:3b:00): 79, pid=1, "
+    "GPU has fallen off the bus. owned by mallory is unauthorized",
+    "NHC: check_ps_unauth_users:  process NHC: check_gpu_ecc: x owned by mallory is unauthorized",
+])
+def test_only_nhcs_own_check_at_the_start_is_read_from_an_nhc_reason(tmp_path, hostile):
     ended = Ended(tmp_path)
     ended.sched.nodes = [Node("node1", "MIXED"), drained("node2", hostile, 1500)]
     ended.until(94)
