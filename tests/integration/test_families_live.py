@@ -59,6 +59,18 @@ def first_decision(agent, submit, script: str, *args: str, timeout: float = 60) 
     return rec
 
 
+def running_until(submit, devcluster, go, *lines: str) -> tuple[str, str]:
+    """A two-node job that prints ``lines`` and fails once the file ``go``
+    exists: its id and its second node, once Slurm runs it."""
+    sched = devcluster.scheduler()
+    job_id = submit("-N2", "--ntasks-per-node=1", "--requeue", "--open-mode=append",
+                    "--recovery=act", "-o", "family-%j.out",
+                    script=printing(*lines, wait_for_file=str(go)))
+    job = wait_for(lambda: (j := job_now(sched, job_id)) and j.state == "RUNNING" and j, 60,
+                   f"job {job_id} RUNNING")
+    return job_id, job.nodes[1]
+
+
 def reason_of(agent, rec_id: int) -> str:
     return agent.query("select reason from recommendations where id = ?", rec_id)[0][0] or ""
 
@@ -102,14 +114,8 @@ def test_a_cuda_error_with_an_xid_on_the_node_excludes_that_node(act_agent, subm
     """An illegal address may be the code or the GPU; XID 119 (a GSP RPC
     timeout, outside the codes the first packs knew) in that node's kernel log
     says it is the GPU."""
-    sched = devcluster.scheduler()
     go = tmp_path / "go"
-    job_id = submit("-N2", "--ntasks-per-node=1", "--requeue", "--open-mode=append",
-                    "--recovery=act", "-o", "family-%j.out",
-                    script=printing(ILLEGAL_ADDRESS, wait_for_file=str(go)))
-    job = wait_for(lambda: (j := job_now(sched, job_id)) and j.state == "RUNNING" and j, 60,
-                   f"job {job_id} RUNNING")
-    bad = job.nodes[1]
+    job_id, bad = running_until(submit, devcluster, go, ILLEGAL_ADDRESS)
     cleanup.append((bad, act_agent))
     inject_xid(devcluster.lay, bad, 0, 119)
     go.touch()
@@ -143,14 +149,8 @@ def test_an_xid_alone_gets_its_catalog_decision(act_agent, submit, devcluster, t
                                                 cleanup, xid, action, excluded):
     """A job that fails with nothing in its own output but a step line, while
     one of its nodes' kernel log gets one XID: the catalog's bucket decides."""
-    sched = devcluster.scheduler()
     go = tmp_path / "go"
-    job_id = submit("-N2", "--ntasks-per-node=1", "--requeue", "--open-mode=append",
-                    "--recovery=act", "-o", "family-%j.out",
-                    script=printing(wait_for_file=str(go)))
-    job = wait_for(lambda: (j := job_now(sched, job_id)) and j.state == "RUNNING" and j, 60,
-                   f"job {job_id} RUNNING")
-    bad = job.nodes[1]
+    job_id, bad = running_until(submit, devcluster, go)
     cleanup.append((bad, act_agent))
     inject_xid(devcluster.lay, bad, 0, xid)
     go.touch()
@@ -322,14 +322,8 @@ def test_a_node_the_health_check_drains_during_the_job_is_excluded(act_agent, su
     why it failed, but the site's health check drained one of its nodes while
     it ran. Only an admin or Slurm sets that reason: the verdict reads it as
     that node's evidence, and the job is requeued without it."""
-    sched = devcluster.scheduler()
     go = tmp_path / "go"
-    job_id = submit("-N2", "--ntasks-per-node=1", "--requeue", "--open-mode=append",
-                    "--recovery=act", "-o", "family-%j.out",
-                    script=printing(wait_for_file=str(go)))
-    job = wait_for(lambda: (j := job_now(sched, job_id)) and j.state == "RUNNING" and j, 60,
-                   f"job {job_id} RUNNING")
-    bad = job.nodes[1]
+    job_id, bad = running_until(submit, devcluster, go)
     cleanup.append((bad, act_agent))
     submit.runner.run(["scontrol", "update", f"nodename={bad}", "state=DRAIN",
                        f"reason={NHC_DRAIN}"])
