@@ -40,7 +40,7 @@ from typing import Iterable, Iterator, Sequence
 
 from slurm_hooks import kmsg
 
-from .engines import TRACEBACK, make_engine
+from .engines import TRACEBACK, TRACEBACK_LITERAL, make_engine
 from .model import Detection, Evidence
 from .origin import line_origin, names_no_node
 from .patterns import Rule, xid_action, xid_category
@@ -288,8 +288,7 @@ class ScanStream:
             self._tb.other += 1
             if self._tb.other > TB_MAX_OTHER:
                 self._tb = None
-        elif candidates and TRACEBACK in candidates and "Traceback (most recent call last)" \
-                in line:
+        elif candidates and TRACEBACK in candidates and TRACEBACK_LITERAL in line:
             self._tb = _Traceback(Evidence(line[:EVIDENCE_MAX], self.source, lineno),
                                   ignored_before(recent), lead_of(line))
             return out

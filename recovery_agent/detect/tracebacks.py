@@ -8,6 +8,7 @@ import re
 from dataclasses import replace
 from typing import Any, Protocol
 
+from .engines import TRACEBACK_LITERAL
 from .model import Detection, Evidence
 from .patterns import Rule
 
@@ -51,7 +52,6 @@ class _Traceback:
 # compose service's "name  | "; a markdown quote's "> "): what stands before
 # the header on its line stands before each frame and the exception line, its
 # digits (the clock, a line number) changing from line to line
-_HEADER = "Traceback (most recent call last)"
 _LEAD_MAX = 200
 _DIGITS = re.compile(r"\d+")
 
@@ -61,7 +61,7 @@ def lead_of(line: str) -> re.Pattern | None:
     a pattern its other lines match: its digits may differ. None when the
     header starts its line."""
     body = _PREFIX.sub("", line, count=1)
-    at = body.find(_HEADER)
+    at = body.find(TRACEBACK_LITERAL)
     lead = body[:at] if at > 0 else ""
     if not lead.strip() or len(lead) > _LEAD_MAX:
         return None

@@ -368,7 +368,6 @@ class Verdicts:
         if not nodes:
             return []
         mine = set(watch.nodes)
-        ours = {row["name"]: row for row in self.store.nodes()}
         events: list[Detection] = []
         for node in nodes:
             if node.name not in mine or not node.reason or not (
@@ -376,7 +375,7 @@ class Verdicts:
                 continue
             if node.reason_time is None or node.reason_time < watch.started - XID_SLACK:
                 continue   # no time, or older than the attempt: not what ended it
-            if our_drain(ours.get(node.name), node):
+            if our_drain(self.store.node(node.name), node):
                 continue   # our own verdict of an earlier failure
             source = f"slurm:{node.name}"
             if node.reason.startswith(NHC_REASON):
