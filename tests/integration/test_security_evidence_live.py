@@ -6,10 +6,15 @@ naming the job's own node drains nothing either."""
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import AgentProcess, job_row, wait_for
+from tests.integration.test_recovery_live import job_now
 
 pytestmark = [pytest.mark.live, pytest.mark.security]
 
@@ -128,3 +133,88 @@ def test_one_users_output_blaming_their_own_node_keeps_it_from_their_retries_onl
                                "where node = 'node2'")
     assert strikes == [(mallory.name, "interconnect", 0)] * 2
     assert not sched.get_node("node2").drained
+
+
+# What a site's Node Health Check quotes of a user: LBNL NHC's check_ps_cpu
+# (mej/nhc scripts/lbnl_ps.nhc), run with -f, names the offending process by
+# its whole command line, which its owner chooses; die() hands the message to
+# helpers/node-mark-offline, which drains the node with the reason "NHC: " and
+# the message. The job's process names a node outside the job and a GPU fault.
+HOSTILE_NAME = ("NVRM: Xid (PCI:0000:18:00): 79, pid=4411, name=python3, GPU has fallen "
+                "off the bus. node4 mlx5_0: port 1 is down")
+
+
+def nhc_reason_for(user: str) -> tuple[str, str]:
+    """The reason NHC's CPU check writes for ``user``'s hostile process, from
+    what ``ps`` shows of it as NHC reads it, or ('', '') while it is not seen."""
+    listing = subprocess.run(["ps", "axo", "user:32,uid,pid,ppid,pcpu,args"],
+                             capture_output=True, text=True, timeout=10,
+                             env={"COLUMNS": "1024", "PATH": "/usr/bin:/bin"}).stdout
+    for line in listing.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 5 and fields[0] == user and fields[5] == "NVRM:":
+            args = " ".join(fields[5:])
+            return (f'NHC: check_ps_cpu:  Process "{args}" ({fields[2]}) of {user} '
+                    f"using {fields[4]}% CPU (limit 0%)"), fields[2]
+    return "", ""
+
+
+def test_a_process_name_the_health_check_quotes_names_no_node_and_no_fault(
+        agent_here, submit, devcluster, unix_users, cleanup):
+    """A real unprivileged user's job runs a process whose command line is a
+    kernel XID line naming node4; the site's health check (its real message
+    format, done here by root as NHC does) drains the job's node quoting that
+    name, and the job fails. The verdict reads NHC's check alone: the drained
+    node is the job's own and is excluded; no GPU fault, no kernel line, and
+    nothing of node4 is read from the quoted text."""
+    mallory = unix_users("mallory")
+    sched = devcluster.scheduler()
+    gate = Path(tempfile.mkdtemp(prefix="rsec-nhc-", dir="/tmp"))
+    gate.chmod(0o755)
+    go = gate / "go"
+    try:
+        script = ('[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && exit 0; echo "step 1 loss 2.0"; '
+                  f"bash -c 'exec -a \"$0\" sleep 600' {shlex.quote(HOSTILE_NAME)} & hostile=$!; "
+                  f"for i in $(seq 600); do [ -e {go} ] && break; sleep 0.2; done; "
+                  "kill $hostile; exit 1")
+        job_id = submit("-N2", "--ntasks-per-node=1", "--recovery=act",
+                        "-o", "nhc-%j.out", script=script, as_user=mallory)
+        job = wait_for(lambda: (j := job_now(sched, job_id)) and j.state == "RUNNING" and j,
+                       60, f"job {job_id} RUNNING")
+        batch = job.nodes[0]
+        cleanup.append((batch, agent_here))
+        reason, pid = wait_for(lambda: nhc_reason_for(mallory.name)[0] and
+                               nhc_reason_for(mallory.name), 30,
+                               "the user's process in ps")
+        assert HOSTILE_NAME in reason
+        submit.runner.run(["scontrol", "update", f"nodename={batch}", "state=DRAIN",
+                           f"reason={reason}"])
+        drained = sched.get_node(batch)
+        assert drained.drained and "node4" in drained.reason and "Xid" in drained.reason
+        go.touch()
+        row, recs, verdicts = wait_for(lambda: decided(agent_here, job_id), 90,
+                                       f"a verdict on job {job_id}")
+    finally:
+        go.unlink(missing_ok=True)
+        gate.rmdir()
+    verdict = json.loads(verdicts[0][0])
+    seen = {p for (p,) in agent_here.query("select pattern_id from detections "
+                                            "where job = ?", row[0])}
+    # NHC's check was read (the boundary is not that the reason went unread)
+    assert "nhc.check_failed" in json.dumps(verdict)
+    assert "xid" not in json.dumps(verdict).lower()
+    assert not any(p.startswith(("kernel.", "node.", "ib.", "mlx")) for p in seen), seen
+    assert verdict["category"] == "system_software"
+    assert verdict["nodes"] == [batch]
+    assert not verdict.get("gpus")
+    for _action, _status, exclude, targets, scope in recs:
+        named = json.loads(exclude or "[]") + json.loads(targets or "[]")
+        assert "node4" not in named and set(named) <= set(job.nodes), recs
+        assert scope != "node", f"a node action from a quoted name: {recs}"
+    assert agent_here.query("select node, category from strikes where node != ?",
+                            batch) == []
+    assert all(cat != "gpu_hardware" for (cat,) in agent_here.query(
+        "select category from strikes where node = ?", batch))
+    assert not sched.get_node("node4").drained
+    ours = agent_here.query("select drained_by_us from nodes where name = ?", batch)
+    assert not ours or not ours[0][0]
