@@ -67,6 +67,12 @@ _NCCL_ADDR = re.compile(r"(?:^|\s)([A-Za-z0-9][\w.-]*):\d+:\d+ \[\d+\] NCCL INFO
                         r"(?:\[\d+\])?[\w.-]+:(\d{1,3}(?:\.\d{1,3}){3})<")
 _IPV4 = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
 _SUMMARY = re.compile(r"^\s*(?:\[\w+\]:\s*)?(host|rank)\s*:\s*([\w.-]+)")
+# torchrun's failure summary (torch/distributed/elastic/multiprocessing/errors:
+# its template pads each field name to "host      : ", "rank      : ") behind a
+# prefix of the log's own (a collector's timestamp), and the same summary with
+# its line breaks lost, "host : H rank : R (local_rank: L)" on one line
+_SUMMARY_PADDED = re.compile(r"(?:^|\s)(host|rank) {3,}: ([\w.-]+)")
+_SUMMARY_FLAT = re.compile(r"\bhost\s+:\s+([\w.-]+)\s+rank\s+:\s+(\d+)\s+\(local_rank:")
 # nccl-tests' device table (src/common.cu): "#  Rank R Group G Pid P on HOST device D [bus] name"
 # (older releases print no Group): rank R runs on HOST
 _NCCL_TESTS_RANK = re.compile(r"#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+"
@@ -74,6 +80,21 @@ _NCCL_TESTS_RANK = re.compile(r"#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\
 # the node a job's script or task runs on, as an environment dump prints it
 _NODENAME = re.compile(r"\bSLURMD_NODENAME[=:] ?['\"]?([A-Za-z0-9][\w.-]*)")
 _PRINTERS_KEPT = 64   # printers past this many say nothing about which one a line is
+
+
+def summary_fields(line: str) -> tuple[tuple[str, str], ...]:
+    """The ``host`` and ``rank`` fields of torchrun's failure summary on
+    ``line``, in order: its own line ("  host      : H", or after a ``[N]:``),
+    the padded field behind a prefix, or the flattened "host : H rank : R
+    (local_rank: L)"."""
+    match = _SUMMARY.match(line)
+    if match:
+        return ((match.group(1), match.group(2)),)
+    if "(local_rank:" in line and (match := _SUMMARY_FLAT.search(line)):
+        return (("host", match.group(1)), ("rank", match.group(2)))
+    if "   : " in line and (match := _SUMMARY_PADDED.search(line)):
+        return ((match.group(1), match.group(2)),)
+    return ()
 
 
 def parse_layout(lines: Iterable[str]) -> Layout:
@@ -139,15 +160,15 @@ def parse_layout(lines: Iterable[str]) -> Layout:
         if "#  Rank" in line and (match := _NCCL_TESTS_RANK.search(line)) \
                 and not names_no_node(match.group(2)):
             ranks.setdefault(int(match.group(1)), match.group(2))
-        match = _SUMMARY.match(line) if ":" in line else None
-        if match and match.group(1) == "host":
-            summary_host = match.group(2)
-            if summary_host not in printers and not names_no_node(summary_host) \
-                    and len(printers) < _PRINTERS_KEPT:
-                printers.append(summary_host)   # the failed rank's node
-        elif match and summary_host and match.group(2).isdigit():
-            ranks.setdefault(int(match.group(2)), summary_host)
-            summary_host = None
+        for field, value in summary_fields(line) if ":" in line else ():
+            if field == "host":
+                summary_host = value
+                if summary_host not in printers and not names_no_node(summary_host) \
+                        and len(printers) < _PRINTERS_KEPT:
+                    printers.append(summary_host)   # the failed rank's node
+            elif summary_host and value.isdigit():
+                ranks.setdefault(int(value), summary_host)
+                summary_host = None
     widest = max((size for size, _ in nccl.values()), default=0)
     for rank, (size, host) in nccl.items():
         if size == widest:
@@ -283,7 +304,7 @@ class LayoutLines:
                 self.lines.append(text[:self.LONGEST])
                 return
         if self._ranked < self.cap // 8 and ("[rank" in text or (
-                text.lstrip()[:4] in ("host", "rank") and _SUMMARY.match(text))):
+                ("host" in text or "rank" in text) and summary_fields(text))):
             self._ranked += 1
             self.lines.append(text[:self.LONGEST])
 

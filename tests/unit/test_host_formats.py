@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from recovery_agent.detect.attribution import attribute
-from recovery_agent.detect.context import context_from_lines
+from recovery_agent.detect.context import LayoutLines, context_from_lines
 from recovery_agent.detect.origin import line_origin, names_no_node
 from recovery_agent.detect.patterns import load_rules
 from recovery_agent.detect.scanner import Scanner
@@ -294,6 +294,34 @@ def test_torchruns_failure_summary_names_the_failed_ranks_node():
     # a container's id in that field names no node (find_string id 69757755398)
     other = [*lines[:3], "  host      : 4b1a9e8a140f", *lines[4:]]
     assert context_from_lines(other).printers == ()
+
+
+def test_torchruns_summary_behind_a_prefix_or_on_one_line_still_places_the_rank():
+    # the same summary behind a log collector's timestamp (modelscope/ms-swift
+    # PR 8307, a tune row) and with its line breaks lost in an issue comment
+    # (ogx-ai/llama-stack-apps#15, a tune row)
+    stamped = ["2026-09-17 13:40:05 [1]:",
+               "2026-09-17 13:40:05   time      : 2026-09-17_13:40:05",
+               "2026-09-17 13:40:05   host      : standalone-q1xmje-13716191-worker-0",
+               "2026-09-17 13:40:05   rank      : 0 (local_rank: 0)",
+               "2026-09-17 13:40:05   exitcode  : 1 (pid: 226)"]
+    context = context_from_lines(stamped)
+    assert context.rank_hosts == {0: "standalone-q1xmje-13716191-worker-0"}
+    flat = ("Hi any idea how to fix: Root Cause (first observed failure): [0]: time : "
+            "2024-07-25_12:48:53 host : ip-119-181-1-31.ec2.internal rank : 0 (local_rank: 0) "
+            "exitcode : -9 (pid: 6774) error_file: <N/A> traceback : Signal 9 (SIGKILL) "
+            "received by PID 6774")
+    context = context_from_lines([flat])
+    assert (context.rank_hosts, context.printers) == (
+        {0: "ip-119-181-1-31.ec2.internal"}, ("ip-119-181-1-31.ec2.internal",))
+    # the layout lines the agent keeps while it tails a log keep them too
+    kept = LayoutLines()
+    for line in [*stamped, flat, "step 12 loss 2.0 host: a rank: 3"]:
+        kept.feed(line)
+    assert kept.lines == [stamped[2], stamped[3], flat]
+    # a field name padded like the summary's, but no summary: nothing taken
+    # from a line that only says "host" in passing
+    assert context_from_lines(["connecting to host db01 on rank 3"]).printers == ()
 
 
 def test_a_rank_placed_on_a_container_id_names_no_node():

@@ -92,8 +92,7 @@ def plain_layout_lines(lines: Iterable[str], cap: int = 2048) -> list[str]:
             break
         if any(marker in text for marker in LayoutLines.MARKERS):
             kept.append(text[:LayoutLines.LONGEST])
-        elif ranked < cap // 8 and ("[rank" in text or (
-                text.lstrip()[:4] in ("host", "rank") and cli_context_summary(text))):
+        elif ranked < cap // 8 and ("[rank" in text or cli_context_summary(text)):
             ranked += 1
             kept.append(text[:LayoutLines.LONGEST])
     return kept
@@ -101,7 +100,7 @@ def plain_layout_lines(lines: Iterable[str], cap: int = 2048) -> list[str]:
 
 def cli_context_summary(text: str):
     from recovery_agent.detect import context
-    return context._SUMMARY.match(text)
+    return context.summary_fields(text)
 
 
 # -- recorded input -------------------------------------------------------------
