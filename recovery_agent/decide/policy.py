@@ -188,7 +188,10 @@ def decide(verdict: Verdict, *, trigger: str = "ended", state: str = "FAILED",
         return Decision("stop", "application", f"{what}retrying cannot help: "
                         f"{verdict.reason}".rstrip(": "), category)
 
-    unknown = verdict.blame == "unknown" and verdict.action == "none"
+    # a verdict that asks for nothing (no evidence, or only what the catalog
+    # calls harmless: a sympathetic Xid 45 on a named node) is a failure
+    # without evidence: never a reason to exclude or drain the node it names
+    unknown = verdict.action == "none"
     unexplained = (verdict.unexplained and verdict.blame == "unknown" and trigger == "ended")
     spent = history.restarts >= limits.max_restarts or (
         limits.no_progress_attempts and history.tracks_checkpoints
@@ -211,8 +214,10 @@ def decide(verdict: Verdict, *, trigger: str = "ended", state: str = "FAILED",
             return Decision("stop", "unknown_budget", f"failure without evidence, "
                             f"{history.unknown_requeues} unexplained requeue(s) already "
                             f"(unknown_max_restarts={limits.unknown_max_restarts})", category)
-        return _requeue("requeue", "unknown", "failure without evidence: requeue once more",
-                        None, (), history, facts, ())
+        seen = (f" ({verdict.reason}: it asks for no action)"
+                if verdict.category and verdict.reason else "")
+        return _requeue("requeue", "unknown", f"failure without evidence{seen}: requeue "
+                        "once more", None, (), history, facts, ())
     if unexplained and history.unknown_requeues >= limits.unknown_max_restarts:
         return Decision("stop", "unknown_budget", f"unexplained failure, "
                         f"{history.unknown_requeues} unexplained requeue(s) already "

@@ -125,6 +125,30 @@ def test_real_xid_lines_get_their_decision(line, action):
 
 
 
+def test_a_harmless_xid_on_a_named_node_excludes_and_drains_nothing():
+    """A bare Xid 45 (a channel torn down after something else went wrong: the
+    catalog's "none") in the job's node log, on a node the log names: the
+    verdict asks for no action, so the failed job is requeued once as a
+    failure without evidence, the node neither excluded nor drained (before,
+    the named node alone made it a hardware exclusion and a drain)."""
+    from recovery_agent.decide.policy import decide
+    from recovery_agent.detect.context import context_from_lines
+    context = context_from_lines([XID45_BARE], nodes=("gpu1", "gpu2"),
+                                 addresses={"192.168.11.119": "gpu2"})
+    verdict = attribute(SCANNER.scan_lines([XID45_BARE]), context)
+    assert (verdict.action, verdict.nodes) == ("none", ("gpu2",))
+    decision = decide(verdict, state="FAILED")
+    assert (decision.action, decision.rule) == ("requeue", "unknown")
+    assert decision.exclude == () and decision.drain == () and decision.blamed == ()
+    assert "kernel.xid" in decision.reason
+    # the Xid 62 before it on the same GPU is the fault: that one excludes and drains
+    both = [XID62, XID45_BARE]
+    verdict = attribute(SCANNER.scan_lines(both), context_from_lines(
+        both, nodes=("gpu1", "gpu2"), addresses={"192.168.11.119": "gpu2"}))
+    decision = decide(verdict, state="FAILED")
+    assert decision.action == "requeue_exclude" and decision.exclude == ("gpu2",)
+
+
 # -- node-level software faults, read end to end (issue 15) ------------------------
 # Every line below is a real one; the public thread it was copied from is named
 # above it (as in the packs' comments).
