@@ -82,6 +82,52 @@ def test_dcgms_monitor_messages_do_not_fire(line):
     assert _rules([line]) == []
 
 
+def test_dcgm_3s_row_remap_message_wrapped_in_dcgmis_table_is_a_gpu_fault():
+    # dcgmi diag's table wraps the message over its cell's lines (DCGM 3.x
+    # wording, stas00/ml-engineering debug.md): the first line carries its start
+    table = ["| Error                     | GPU 3 has uncorrectable memory errors and row  |",
+             "|                           |  remappings are pending                        |"]
+    verdict = _verdict(table)
+    assert _rules(table) == ["kernel.dcgm_gpu_fault"]
+    assert (verdict.category, verdict.action) == ("gpu_hardware", "requeue_exclude")
+
+
+# NVIDIA/NVSentinel#1357: a DCGM memory diagnostic's health event, as the node agent logs it
+DCGM_XID = ('{"time":"2026-06-02T19:47:38.025768133Z","level":"INFO","msg":"Health events '
+            'received","module":"platform-connectors","version":"v1.8.0","events":{"version":1,'
+            '"events":[{"version":1,"agent":"preflight-dcgm-diag","componentClass":"GPU",'
+            '"checkName":"DcgmDiagnosticMemory","isFatal":true,"message":"Detected XID 145 for '
+            'GPU 0 Please consult the documentation for details of this XID.","errorCode":'
+            '["DCGM_FR_XID_ERROR"],"entitiesImpacted":[{"entityType":"GPU_UUID","entityValue":'
+            '"GPU-95d4eaef-812a-5157-fec0-7d64667313dc"}],"generatedTimestamp":{"seconds":'
+            '1780429658,"nanos":24072000},"nodeName":"ip-....internal","processingStrategy":1}]}} ')
+
+
+def test_dcgms_xid_report_is_read_by_the_xid_catalog_not_by_dcgms_fatal_flag():
+    (found,) = SCANNER.scan_lines([DCGM_XID])
+    assert (found.rule, found.xid, found.gpu) == ("kernel.xid_dcgm", 145, "0")
+    verdict = _verdict([DCGM_XID])
+    # 145 (NVLink RLW error): the catalog's bucket excludes the node
+    assert (verdict.category, verdict.action) == ("gpu_hardware", xid_action(145))
+    # the same report for a code whose catalog cause is the program (31, a GPU
+    # memory page fault) stops, whatever the agent called it (a health
+    # monitor's condition message in NVIDIA/NVSentinel's tests); as for the
+    # other daemons' re-prints, the category stays the rule's
+    program = ("ErrorCode:DCGM_FR_XID_ERROR GPU:4 PCI:0000:c4:00.0 Detected XID 31 for GPU 4 "
+               ".Recommended Action=NONE;")
+    assert xid_action(31) == "stop"
+    assert _verdict([program]).action == "stop"
+
+
+def test_dcgms_nvlink_down_alone_blames_no_node():
+    # DCGM's "triage" finding, shown on every link of PCIe A100s without NVLink
+    # (NVIDIA/DCGM#49): a symptom; the failure stays unexplained
+    line = "| Warning                   | GPU 0GPU 0's NvLink link 0 is currently down   |"
+    assert _rules([line]) == ["kernel.dcgm_nvlink_down"]
+    verdict = _verdict([line])
+    assert verdict.action == "requeue" and verdict.nodes == () and verdict.unexplained
+
+
 # -- the fabric manager's NVSwitch errors -------------------------------------------
 
 def test_a_fatal_nvswitch_error_in_the_fabric_managers_log_excludes_the_node():
