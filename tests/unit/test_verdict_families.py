@@ -488,3 +488,23 @@ def test_a_write_error_without_a_full_disk_is_retried_then_stopped():
 def test_a_verdict_read_across_no_attempts_is_unchanged():
     verdict = Verdict("unknown", "cuda_error", "requeue", 0.8, signature="cuda:launch_failure")
     assert across_attempts(verdict, ("n1",), ()) is verdict
+
+
+# r6-mooncake117-erdma-qp-catastrophic-peer-nic (kvcache-ai/Mooncake#117): a
+# transfer engine's RDMA write fails, then the HCA raises the queue pair's own
+# fatal async event (libibverbs' IBV_EVENT_QP_FATAL text)
+QP_FATAL = ["E0222 20:07:21.119704 2179433 worker_pool.cpp:291] Worker: Process failed for "
+            "slice (opcode: 0, source_addr: 0x7f5cfc000000, length: 65536, dest_addr: "
+            "140123979120640, local_nic: erdma_0, peer_nic: 10.0.0.41:7712@erdma_0, dest_rkey: "
+            "39908608, retry_cnt: 0): general error",
+            "W0222 20:07:21.119717 2179435 worker_pool.cpp:399] Worker: Received context async "
+            "event local work queue catastrophic error for context erdma_0"]
+
+
+def test_a_queue_pairs_fatal_event_is_the_transport_requeued_without_blaming_the_node():
+    found = SCANNER.scan_lines(QP_FATAL)
+    assert [d.rule for d in found] == ["ib.queue_fatal_event"]
+    verdict = attribute(found)
+    assert (verdict.category, verdict.action) == ("interconnect", "requeue")
+    decision = decide(verdict, state="FAILED")
+    assert decision.action == "requeue" and decision.exclude == () and decision.drain == ()
