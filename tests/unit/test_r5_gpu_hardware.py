@@ -119,13 +119,13 @@ def test_dcgms_xid_report_is_read_by_the_xid_catalog_not_by_dcgms_fatal_flag():
     assert _verdict([program]).action == "stop"
 
 
-def test_dcgms_nvlink_down_alone_blames_no_node():
+def test_dcgms_nvlink_down_alone_is_information():
     # DCGM's "triage" finding, shown on every link of PCIe A100s without NVLink
-    # (NVIDIA/DCGM#49): a symptom; the failure stays unexplained
+    # (NVIDIA/DCGM#49): read, and neither a failure nor a node's proof by itself
     line = "| Warning                   | GPU 0GPU 0's NvLink link 0 is currently down   |"
     assert _rules([line]) == ["kernel.dcgm_nvlink_down"]
     verdict = _verdict([line])
-    assert verdict.action == "requeue" and verdict.nodes == () and verdict.unexplained
+    assert verdict.action == "none" and verdict.nodes == ()
 
 
 # -- the fabric manager's NVSwitch errors -------------------------------------------
