@@ -194,3 +194,19 @@ def test_the_xid_lines_prefix_names_the_node_and_its_bus_id_the_gpu(line, host, 
     verdict = _verdict([line])
     if verdict.action == "requeue_exclude":
         assert verdict.nodes == (host,) and verdict.gpus == (pci,)
+
+
+# -- a GPU node daemon that would not start -----------------------------------------
+
+# NVIDIA/gpu-operator#356 (a GeForce VM: no NVSwitch, nothing for the fabric manager to do)
+FM_JOB_FAILED = "Job for nvidia-fabricmanager.service failed because the control process exited with error code."
+# the CUDA runtime's 802 on a node whose fabric manager is down (cuda.toml's example)
+CUDA_802 = "Cuda failure 802 'system not yet initialized'"
+
+
+def test_a_gpu_daemon_that_would_not_start_is_information_until_cuda_fails():
+    assert _rules([FM_JOB_FAILED]) == ["kernel.nvidia_daemon_failed"]
+    assert _verdict([FM_JOB_FAILED]).action == "none"
+    # where it mattered, CUDA's own error is the failure: the node's software
+    verdict = _verdict([FM_JOB_FAILED, CUDA_802])
+    assert (verdict.category, verdict.action) == ("system_software", "requeue_exclude")
