@@ -177,6 +177,36 @@ def test_a_job_whose_only_evidence_is_a_dcgm_xid_is_blamed_on_that_node_and_gpu(
                                                               "would_have", [bad])
 
 
+def test_a_harmless_dcgm_xid_on_a_failed_jobs_node_excludes_and_drains_nothing(
+        sources_agent, dcgm, prometheus, submit, devcluster, tmp_path):
+    """The same failure, but the XID Prometheus holds is 45 (a channel torn
+    down after something else went wrong: the catalog's "none"). The verdict
+    names the node it was seen on and asks for nothing, so the job is requeued
+    once as a failure without evidence: nothing excluded, nothing drained."""
+    sched = devcluster.scheduler()
+    flag = devcluster.lay.jobs / f"die-{tmp_path.name}"
+    script = f'echo "step 1 loss 2.0"; while [ ! -e {flag} ]; do sleep 0.2; done; exit 1'
+    job_id = submit("-N2", "--recovery=act:monitor", "-o", "dcgm-xid45-%j.out", script=script)
+    _, bad = second_node(sched, job_id)
+    pk = registered(sources_agent, job_id)
+    node = dcgm[bad][0]
+    node.state[0][XID] = 45
+    try:
+        wait_for(lambda: prom_query(prometheus, f'{XID}{{Hostname="{bad}",gpu="0"}} == 45'),
+                 15, "Prometheus holding the XID")
+        flag.touch()
+        verdict = wait_for(lambda: verdict_of(sources_agent, pk), 60, "the verdict")
+    finally:
+        node.state[0][XID] = 0
+    assert (verdict["nodes"], verdict["action"]) == ([bad], "none")
+    assert [d[0] for d in detections(sources_agent, pk)] == ["dcgm.xid"]
+    rec = final_rec(sources_agent, pk)
+    assert (rec["action"], rec["status"], rec["exclude"]) == ("requeue", "would_have", [])
+    assert sources_agent.query("select count(*) from recommendations where job = ? and "
+                               "scope = 'node'", pk) == [(0,)]
+    assert not sched.get_node(bad).drained
+
+
 def test_all_gpus_idle_for_the_hang_window_is_a_hang_though_the_log_goes_on(
         sources_agent, dcgm, submit, devcluster):
     sched = devcluster.scheduler()
