@@ -146,23 +146,35 @@ def detections(agent, pk: int) -> list[tuple]:
                        "order by id", pk)
 
 
-def test_a_job_whose_only_evidence_is_a_dcgm_xid_is_blamed_on_that_node_and_gpu(
-        sources_agent, dcgm, prometheus, submit, devcluster, tmp_path):
+def failed_with_xid(agent, dcgm, prometheus, submit, devcluster, tmp_path, gpu: int,
+                    code: int) -> tuple[str, int, str, dict]:
+    """A 2-node job that prints nothing alarming and exits 1 once Prometheus
+    holds XID ``code`` for GPU ``gpu`` of its second node: its id, its row,
+    that node and the verdict."""
     sched = devcluster.scheduler()
     flag = devcluster.lay.jobs / f"die-{tmp_path.name}"
     script = f'echo "step 1 loss 2.0"; while [ ! -e {flag} ]; do sleep 0.2; done; exit 1'
-    job_id = submit("-N2", "--recovery=act:monitor", "-o", "dcgm-xid-%j.out", script=script)
+    job_id = submit("-N2", "--recovery=act:monitor", "-o", f"dcgm-xid{code}-%j.out",
+                    script=script)
     _, bad = second_node(sched, job_id)
-    pk = registered(sources_agent, job_id)
+    pk = registered(agent, job_id)
     node = dcgm[bad][0]
-    node.state[1][XID] = 79
+    node.state[gpu][XID] = code
     try:
-        wait_for(lambda: prom_query(prometheus, f'{XID}{{Hostname="{bad}",gpu="1"}} == 79'),
+        wait_for(lambda: prom_query(prometheus,
+                                    f'{XID}{{Hostname="{bad}",gpu="{gpu}"}} == {code}'),
                  15, "Prometheus holding the XID")
         flag.touch()                       # the job dies: exit 1, nothing in its log
-        verdict = wait_for(lambda: verdict_of(sources_agent, pk), 60, "the verdict")
+        verdict = wait_for(lambda: verdict_of(agent, pk), 60, "the verdict")
     finally:
-        node.state[1][XID] = 0
+        node.state[gpu][XID] = 0
+    return job_id, pk, bad, verdict
+
+
+def test_a_job_whose_only_evidence_is_a_dcgm_xid_is_blamed_on_that_node_and_gpu(
+        sources_agent, dcgm, prometheus, submit, devcluster, tmp_path):
+    job_id, pk, bad, verdict = failed_with_xid(sources_agent, dcgm, prometheus, submit,
+                                               devcluster, tmp_path, gpu=1, code=79)
     assert (verdict["blame"], verdict["category"]) == ("node", "gpu_hardware")
     assert verdict["nodes"] == [bad]
     assert verdict["gpus"] == ["0000:28:00"]          # GPU 1's PCI address (fake NVML's)
@@ -171,7 +183,7 @@ def test_a_job_whose_only_evidence_is_a_dcgm_xid_is_blamed_on_that_node_and_gpu(
                                               f"prometheus:127.0.0.1:{port}")]
     # nothing else knew: no XID from the node hooks, a plain FAILED in Slurm
     assert sources_agent.query("select count(*) from xids where job = ?", pk) == [(0,)]
-    assert job_now(sched, job_id).state == "FAILED"
+    assert job_now(devcluster.scheduler(), job_id).state == "FAILED"
     rec = final_rec(sources_agent, pk)
     assert (rec["action"], rec["status"], rec["exclude"]) == ("requeue_exclude",
                                                               "would_have", [bad])
@@ -183,28 +195,15 @@ def test_a_harmless_dcgm_xid_on_a_failed_jobs_node_excludes_and_drains_nothing(
     down after something else went wrong: the catalog's "none"). The verdict
     names the node it was seen on and asks for nothing, so the job is requeued
     once as a failure without evidence: nothing excluded, nothing drained."""
-    sched = devcluster.scheduler()
-    flag = devcluster.lay.jobs / f"die-{tmp_path.name}"
-    script = f'echo "step 1 loss 2.0"; while [ ! -e {flag} ]; do sleep 0.2; done; exit 1'
-    job_id = submit("-N2", "--recovery=act:monitor", "-o", "dcgm-xid45-%j.out", script=script)
-    _, bad = second_node(sched, job_id)
-    pk = registered(sources_agent, job_id)
-    node = dcgm[bad][0]
-    node.state[0][XID] = 45
-    try:
-        wait_for(lambda: prom_query(prometheus, f'{XID}{{Hostname="{bad}",gpu="0"}} == 45'),
-                 15, "Prometheus holding the XID")
-        flag.touch()
-        verdict = wait_for(lambda: verdict_of(sources_agent, pk), 60, "the verdict")
-    finally:
-        node.state[0][XID] = 0
+    _, pk, bad, verdict = failed_with_xid(sources_agent, dcgm, prometheus, submit,
+                                          devcluster, tmp_path, gpu=0, code=45)
     assert (verdict["nodes"], verdict["action"]) == ([bad], "none")
     assert [d[0] for d in detections(sources_agent, pk)] == ["dcgm.xid"]
     rec = final_rec(sources_agent, pk)
     assert (rec["action"], rec["status"], rec["exclude"]) == ("requeue", "would_have", [])
     assert sources_agent.query("select count(*) from recommendations where job = ? and "
                                "scope = 'node'", pk) == [(0,)]
-    assert not sched.get_node(bad).drained
+    assert not devcluster.scheduler().get_node(bad).drained
 
 
 def test_all_gpus_idle_for_the_hang_window_is_a_hang_though_the_log_goes_on(
