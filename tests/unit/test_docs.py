@@ -181,6 +181,26 @@ def test_coverage_index_is_current():
         "regenerate: python -m recovery_devtools.accuracy --coverage"
 
 
+def test_the_skip_list_is_the_held_out_sources_and_no_tune_one(capsys):
+    """What a rule author or research helper skips: every held-out row's
+    source once, none of the tune half's (the halves are split by source)."""
+    import json
+    from recovery_devtools import accuracy
+    listed = accuracy.heldout_sources()
+    rows = [json.loads(line) for line in accuracy.HELDOUT.read_text().splitlines()
+            if line.strip()]
+    assert set(listed) == {r["source"].strip() for r in rows} and len(listed) == len(set(listed))
+    tune = accuracy.CORPUS / "public_tune.jsonl"
+    assert not set(listed) & {json.loads(line)["source"].strip()
+                              for line in tune.read_text().splitlines() if line.strip()}
+    assert accuracy.main(["--skip-list"]) == 0
+    assert capsys.readouterr().out.splitlines() == listed
+    # a mistyped option says so, and writes nothing
+    assert accuracy.main(["--skiplist"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "unknown arguments: --skiplist" in out.err
+
+
 def test_coverage_names_only_real_rules():
     from recovery_agent.detect.patterns import load_rules
     ids = {rule.id for rule in load_rules()}

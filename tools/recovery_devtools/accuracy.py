@@ -7,6 +7,7 @@ reports the held-out half alone, as ``recovery-ctl patterns score`` prints it.
 
     python -m recovery_devtools.accuracy > docs/accuracy.md
     python -m recovery_devtools.accuracy --coverage   # rewrites docs/coverage.md's index
+    python -m recovery_devtools.accuracy --skip-list  # the held-out sources, one a line
 
 ``docs/coverage.md`` is written by hand (emitter, message family, formats)
 down to :data:`INDEX_MARK`; below it, the index of every shipped rule is made
@@ -169,9 +170,41 @@ def coverage_page(current: str) -> str:
     return head + "\n\n" + rule_index()
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--coverage"]:
+def heldout_sources(path: Path = HELDOUT) -> list[str]:
+    """Every source (a thread's or page's URL) the held-out split has a row
+    from, once each, sorted: what a rule author or a research helper skips
+    while looking for real lines (no row's lines or labels are shown)."""
+    found = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            source = json.loads(line).get("source")
+            if source:
+                found.add(source.strip())
+    return sorted(found)
+
+
+USAGE = ("usage: python -m recovery_devtools.accuracy [--coverage | --skip-list]\n"
+         "  (no option)  print docs/accuracy.md (the held-out split scored)\n"
+         "  --coverage   rewrite the rule index of docs/coverage.md\n"
+         "  --skip-list  print the held-out split's sources, one a line: the threads\n"
+         "               to skip when looking for lines to write rules from\n")
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--coverage"]:
         COVERAGE.write_text(coverage_page(COVERAGE.read_text(encoding="utf-8")),
                             encoding="utf-8")
-    else:
+    elif argv == ["--skip-list"]:
+        sys.stdout.write("".join(f"{source}\n" for source in heldout_sources()))
+    elif not argv:
         sys.stdout.write(report())
+    elif argv in (["-h"], ["--help"]):
+        sys.stdout.write(USAGE)
+    else:
+        sys.stderr.write(f"unknown arguments: {' '.join(argv)}\n{USAGE}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
